@@ -1,0 +1,82 @@
+"""Process-wide locations and validated engine configuration."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from suffixmem.errors import ConfigError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+ENGINES = ("vllm", "torch")
+
+
+def suffixmem_home() -> Path:
+    """Where models and the default database live: ``$SUFFIXMEM_HOME`` or the user cache dir."""
+    env = os.environ.get("SUFFIXMEM_HOME")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("suffixmem"))
+
+
+def default_database_url() -> str:
+    """SQLite file under ``suffixmem_home()``, unless ``$SUFFIXMEM_DATABASE_URL`` is set."""
+    env = os.environ.get("SUFFIXMEM_DATABASE_URL")
+    if env:
+        return env
+    home = suffixmem_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'suffixmem.db'}"
+
+
+def cuda_available() -> bool:
+    """True when a CUDA device is usable (imports torch)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch ships with every engine extra
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Options shared by all engines. ``None`` means "pick a sane default for this device".
+
+    - ``block_size``: KV block size in tokens. vLLM on CPU needs a multiple of 32 (default 32);
+      on CUDA 16. The torch engine defaults to 16.
+    - ``kv_cache_gib``: KV pool size in GiB.
+    - ``dtype``: ``bfloat16`` (default), ``float32`` or ``float16`` (CUDA only).
+    """
+
+    model: str = DEFAULT_MODEL
+    max_model_len: int = 8192
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = None
+    block_size: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    kv_cache_gib: float = 1.0
+    dtype: str = "bfloat16"
+    enforce_eager: bool | None = None
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 32:
+            raise ConfigError(f"max_model_len must be >= 32, got {self.max_model_len}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.block_size is not None and (
+            isinstance(self.block_size, bool) or self.block_size < 1
+        ):
+            raise ConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
+        if self.kv_cache_gib <= 0:
+            raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.dtype not in ("bfloat16", "float32", "float16"):
+            raise ConfigError(
+                f"unknown dtype {self.dtype!r}; expected 'bfloat16', 'float32' or 'float16'"
+            )
