@@ -1,0 +1,476 @@
+"""The segment cache: which token spans have reusable KV, in which blocks, for how long.
+
+Pure Python bookkeeping, no tensors. An entry names KV blocks of the engine's pool and holds one
+reference on each of them (``BlockRefs.incref``) until it is dropped (``decref``); the KV itself
+stays in the pool. Contract:
+
+- **Keys.** A segment is keyed by a hash of its token ids combined with a namespace: the
+  request's session key, or the global namespace for ``shared`` segments (a common system
+  prompt). A lookup in session ``s`` sees ``s``'s entries and shared ones, never another
+  session's; a hit re-checks the stored token ids, so a hash collision is a miss.
+- **Lifetime.** Unscored session segments live ``session_ttl_s`` (5 minutes) after their last
+  use. With a value scorer, a segment's score picks its tier: ``>= pinned_threshold`` (0.85) is
+  pinned (no expiry, never evicted for space), ``[cache_threshold, pinned_threshold)``
+  (0.6-0.85) lives ``extended_ttl_s`` (30 minutes) after its last use, ``< cache_threshold`` is
+  not cached. Times come from an injectable clock (seconds).
+- **Never stale.** Expired, evicted, released or foreign-session entries are never returned:
+  ``lookup`` checks expiry against the clock before answering.
+- **Leases.** ``leased(...)`` hands out a hit whose blocks carry an extra reference for the
+  duration of the ``with`` block, so a concurrent ``release_session`` or eviction cannot recycle
+  them while the engine copies their KV.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+from suffixmem.errors import ConfigError
+
+GLOBAL_NAMESPACE = "global"
+"""Namespace label of shared segments; session namespaces are ``session:<key>``."""
+
+
+def namespace_for(session_key: str, shared: bool) -> str:
+    """The cache namespace of a segment: global when ``shared``, else the session's own."""
+    return GLOBAL_NAMESPACE if shared else f"session:{session_key}"
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentKey:
+    """A segment's identity: 16-byte BLAKE2b of (namespace, token ids)."""
+
+    digest: bytes
+
+    def hex(self) -> str:
+        return self.digest.hex()
+
+
+def segment_key(token_ids: Sequence[int], namespace: str) -> SegmentKey:
+    """Hash ``token_ids`` within ``namespace``; equal ids in different namespaces differ."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(namespace.encode("utf-8"))
+    h.update(b"\x00")
+    h.update(array("q", token_ids).tobytes())
+    return SegmentKey(h.digest())
+
+
+class Tier(Enum):
+    """How long a segment is kept."""
+
+    PINNED = "pinned"  # no expiry, not evicted for space
+    EXTENDED = "extended"  # extended_ttl_s after last use
+    STANDARD = "standard"  # session_ttl_s after last use (unscored segments)
+    NONE = "none"  # not cached
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentFeatures:
+    """What a value scorer sees about a segment.
+
+    ``kind`` is a ``Segment.kind``; ``seen`` counts earlier offers of the same segment in this
+    namespace (a recurring segment is worth more); ``mean_entropy`` is the mean normalized
+    attention entropy over the span when the engine measured it (lower = more stable).
+    """
+
+    num_tokens: int
+    kind: str
+    shared: bool
+    seen: int = 0
+    position: int = 0
+    prompt_tokens: int = 0
+    mean_entropy: float | None = None
+
+
+@runtime_checkable
+class ValueScorer(Protocol):
+    """A strategy that rates a segment's worth of caching in ``[0, 1]``."""
+
+    def score(self, features: SegmentFeatures) -> float: ...
+
+
+class KindValueScorer:
+    """The simple default scorer: a base value by segment kind, plus a bonus for recurrence.
+
+    Structural segments that recur by construction (system prompt tail, JSON schema, explicit
+    markers) start high; detected regions start low and earn their place by being seen again.
+    Very short segments are worth little (their recomputation is cheap).
+    """
+
+    BASE: dict[str, float] = {  # noqa: RUF012 - read-only table
+        "system_tail": 0.9,
+        "json_schema": 0.85,
+        "template": 0.75,
+        "anchor": 0.75,
+        "document": 0.65,
+        "detected": 0.5,
+    }
+
+    def __init__(self, recurrence_bonus: float = 0.1, short_tokens: int = 16) -> None:
+        if not 0.0 <= recurrence_bonus <= 1.0:
+            raise ConfigError(f"recurrence_bonus must be in [0, 1], got {recurrence_bonus}")
+        if short_tokens < 0:
+            raise ConfigError(f"short_tokens must be >= 0, got {short_tokens}")
+        self.recurrence_bonus = recurrence_bonus
+        self.short_tokens = short_tokens
+
+    def score(self, features: SegmentFeatures) -> float:
+        s = self.BASE.get(features.kind, 0.5)
+        s += self.recurrence_bonus * min(features.seen, 3) / 3
+        if features.num_tokens < self.short_tokens:
+            s -= 0.2
+        return min(1.0, max(0.0, s))
+
+
+@runtime_checkable
+class BlockRefs(Protocol):
+    """The engine's block pool as the segment cache uses it: reference counting only."""
+
+    def incref(self, block_ids: Sequence[int]) -> None: ...
+
+    def decref(self, block_ids: Sequence[int]) -> None: ...
+
+
+@dataclass(slots=True)
+class SegmentCacheConfig:
+    """Validated settings. Times in seconds, budget in blocks (``0`` = unlimited)."""
+
+    session_ttl_s: float = 300.0
+    extended_ttl_s: float = 1800.0
+    pinned_threshold: float = 0.85
+    cache_threshold: float = 0.6
+    max_blocks: int = 0
+    min_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if not self.session_ttl_s > 0:
+            raise ConfigError(f"session_ttl_s must be > 0, got {self.session_ttl_s}")
+        if not self.extended_ttl_s > 0:
+            raise ConfigError(f"extended_ttl_s must be > 0, got {self.extended_ttl_s}")
+        if not 0.0 <= self.cache_threshold <= self.pinned_threshold <= 1.0:
+            raise ConfigError(
+                "need 0 <= cache_threshold <= pinned_threshold <= 1, got "
+                f"{self.cache_threshold} and {self.pinned_threshold}"
+            )
+        if self.max_blocks < 0:
+            raise ConfigError(f"max_blocks must be >= 0 (0 = unlimited), got {self.max_blocks}")
+        if self.min_tokens < 1:
+            raise ConfigError(f"min_tokens must be >= 1, got {self.min_tokens}")
+
+    def tier(self, score: float | None) -> Tier:
+        """The tier of a segment with this value score (``None``: unscored)."""
+        if score is None:
+            return Tier.STANDARD
+        if not 0.0 <= score <= 1.0 or math.isnan(score):
+            raise ConfigError(f"value scores must lie in [0, 1], got {score}")
+        if score >= self.pinned_threshold:
+            return Tier.PINNED
+        if score >= self.cache_threshold:
+            return Tier.EXTENDED
+        return Tier.NONE
+
+    def ttl(self, tier: Tier) -> float:
+        """Seconds an entry of ``tier`` lives after its last use (``inf`` when pinned)."""
+        if tier is Tier.PINNED:
+            return math.inf
+        if tier is Tier.EXTENDED:
+            return self.extended_ttl_s
+        if tier is Tier.STANDARD:
+            return self.session_ttl_s
+        raise ValueError("segments of tier NONE are not cached")
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentHit:
+    """A cached segment as callers see it.
+
+    Token ``i`` of the segment sits in pool slot ``(offset + i)`` of the concatenated
+    ``block_ids`` (block ``block_ids[(offset + i) // block_size]``), with keys rotated for
+    position ``origin_start + i``.
+    """
+
+    key: SegmentKey
+    token_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]
+    offset: int
+    origin_start: int
+    tier: Tier
+    shared: bool
+    score: float | None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(slots=True)
+class _Entry:
+    hit: SegmentHit
+    namespace: str
+    expires_at: float
+    last_used: float
+    uses: int = 0
+
+
+@dataclass(slots=True)
+class SegmentCacheStats:
+    """Counters since the cache was created."""
+
+    entries: int = 0
+    tokens: int = 0
+    blocks: int = 0
+    hits: int = 0
+    misses: int = 0
+    stored: int = 0
+    rejected: int = 0
+    expired: int = 0
+    evicted: int = 0
+    released: int = 0
+
+
+class SegmentCache:
+    """Segment entries over an engine's block pool; thread-safe."""
+
+    def __init__(
+        self,
+        blocks: BlockRefs,
+        config: SegmentCacheConfig | None = None,
+        scorer: ValueScorer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or SegmentCacheConfig()
+        self.scorer = scorer
+        self._blocks = blocks
+        self._clock = clock
+        # LRU order: least recently used first
+        self._entries: OrderedDict[SegmentKey, _Entry] = OrderedDict()
+        # offers per key (drives SegmentFeatures.seen), with the key's namespace
+        self._seen: dict[SegmentKey, tuple[str, int]] = {}
+        self._num_blocks = 0
+        self._stats = SegmentCacheStats()
+        self._lock = threading.RLock()
+
+    # -- queries --------------------------------------------------------------------------------
+    def lookup(self, session_key: str, token_ids: Sequence[int]) -> SegmentHit | None:
+        """The live entry for ``token_ids`` in the session's namespace, else the global one.
+
+        A hit counts as a use: it moves the entry to the back of the LRU order and restarts its
+        TTL. Expired entries met here are dropped and reported as a miss.
+        """
+        ids = tuple(token_ids)
+        now = self._clock()
+        with self._lock:
+            for shared in (False, True):
+                ns = namespace_for(session_key, shared)
+                key = segment_key(ids, ns)
+                entry = self._entries.get(key)
+                if entry is None or entry.namespace != ns or entry.hit.token_ids != ids:
+                    continue
+                if entry.expires_at <= now:
+                    self._drop(key, "expired")
+                    continue
+                entry.last_used = now
+                entry.uses += 1
+                entry.expires_at = now + self.config.ttl(entry.hit.tier)
+                self._entries.move_to_end(key)
+                self._stats.hits += 1
+                return entry.hit
+            self._stats.misses += 1
+            return None
+
+    def contains(self, session_key: str, token_ids: Sequence[int]) -> bool:
+        """Whether ``lookup`` would hit now; changes nothing."""
+        ids = tuple(token_ids)
+        now = self._clock()
+        with self._lock:
+            for shared in (False, True):
+                ns = namespace_for(session_key, shared)
+                entry = self._entries.get(segment_key(ids, ns))
+                if (
+                    entry is not None and entry.namespace == ns and entry.hit.token_ids == ids
+                    and entry.expires_at > now
+                ):
+                    return True
+            return False
+
+    @contextmanager
+    def leased(self, session_key: str, token_ids: Sequence[int]) -> Iterator[SegmentHit | None]:
+        """``lookup``, with the hit's blocks held for the duration of the ``with`` block."""
+        with self._lock:
+            hit = self.lookup(session_key, token_ids)
+            if hit is not None:
+                self._blocks.incref(hit.block_ids)
+        try:
+            yield hit
+        finally:
+            if hit is not None:
+                self._blocks.decref(hit.block_ids)
+
+    def tier_of(self, features: SegmentFeatures, score: float | None = None) -> Tier:
+        """The tier ``put`` would give a segment with these features (read-only twin of put)."""
+        if score is None and self.scorer is not None:
+            score = float(self.scorer.score(features))
+        return self.config.tier(score)
+
+    # -- mutation -------------------------------------------------------------------------------
+    def put(
+        self,
+        session_key: str,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        offset: int,
+        origin_start: int,
+        *,
+        kind: str = "anchor",
+        shared: bool = False,
+        score: float | None = None,
+        features: SegmentFeatures | None = None,
+    ) -> SegmentHit | None:
+        """Cache the KV of ``token_ids`` found in ``block_ids`` from slot ``offset`` on, keys
+        rotated for positions ``origin_start...``. Takes one reference on each block.
+
+        The tier comes from ``score``, else from the scorer on ``features`` (built from the
+        arguments when not given), else ``STANDARD``. Returns the live entry (an existing live
+        entry for the same ids is kept, refreshed and returned), or ``None`` when the segment is
+        too short, scores below the cache threshold, or cannot fit the block budget.
+        """
+        ids = tuple(int(t) for t in token_ids)
+        blocks = tuple(int(b) for b in block_ids)
+        if offset < 0 or origin_start < 0:
+            raise ValueError(f"offset and origin_start must be >= 0: {offset}, {origin_start}")
+        if not blocks:
+            raise ValueError("a segment needs at least one block")
+        ns = namespace_for(session_key, shared)
+        key = segment_key(ids, ns)
+        now = self._clock()
+        with self._lock:
+            seen = self._seen.get(key, (ns, 0))[1]
+            self._seen[key] = (ns, seen + 1)
+            if len(ids) < self.config.min_tokens:
+                self._stats.rejected += 1
+                return None
+            existing = self._entries.get(key)
+            if existing is not None and existing.hit.token_ids == ids and existing.expires_at > now:
+                existing.last_used = now
+                existing.expires_at = now + self.config.ttl(existing.hit.tier)
+                self._entries.move_to_end(key)
+                return existing.hit
+            if existing is not None:
+                self._drop(key, "expired")
+            if features is None:
+                features = SegmentFeatures(
+                    num_tokens=len(ids), kind=kind, shared=shared, seen=seen,
+                    position=origin_start,
+                )
+            if score is None and self.scorer is not None:
+                score = float(self.scorer.score(features))
+            tier = self.config.tier(score)
+            if tier is Tier.NONE:
+                self._stats.rejected += 1
+                return None
+            if not self._make_room(len(blocks), now):
+                self._stats.rejected += 1
+                return None
+            self._blocks.incref(blocks)
+            hit = SegmentHit(key, ids, blocks, offset, origin_start, tier, shared, score)
+            self._entries[key] = _Entry(hit, ns, now + self.config.ttl(tier), now)
+            self._num_blocks += len(blocks)
+            self._stats.stored += 1
+            return hit
+
+    def release_session(self, session_key: str) -> int:
+        """Drop every entry of the session's own namespace (shared ones stay). Returns how many
+        entries were dropped. Called on a topic jump and when a session ends."""
+        ns = namespace_for(session_key, False)
+        with self._lock:
+            doomed = [k for k, e in self._entries.items() if e.namespace == ns]
+            for k in doomed:
+                self._drop(k, "released")
+            self._seen = {k: v for k, v in self._seen.items() if v[0] != ns}
+            return len(doomed)
+
+    def evict_expired(self) -> int:
+        """Drop every expired entry now; returns how many."""
+        now = self._clock()
+        with self._lock:
+            doomed = [k for k, e in self._entries.items() if e.expires_at <= now]
+            for k in doomed:
+                self._drop(k, "expired")
+            return len(doomed)
+
+    def evict(self, num_blocks: int) -> int:
+        """Drop least recently used unpinned entries until ``num_blocks`` block references are
+        given back (or none is left to drop). Returns the number given back. The engine calls
+        this when its pool runs short."""
+        freed = 0
+        with self._lock:
+            freed += self._blocks_of(self._expired_keys(self._clock()), "expired")
+            for key in [k for k, e in self._entries.items() if e.hit.tier is not Tier.PINNED]:
+                if freed >= num_blocks:
+                    break
+                freed += self._blocks_of([key], "evicted")
+        return freed
+
+    def clear(self) -> None:
+        """Drop everything, pinned entries included."""
+        with self._lock:
+            for k in list(self._entries):
+                self._drop(k, "released")
+            self._seen.clear()
+
+    def stats(self) -> SegmentCacheStats:
+        with self._lock:
+            s = self._stats
+            return SegmentCacheStats(
+                len(self._entries), sum(e.hit.num_tokens for e in self._entries.values()),
+                self._num_blocks, s.hits, s.misses, s.stored, s.rejected, s.expired, s.evicted,
+                s.released,
+            )
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _expired_keys(self, now: float) -> list[SegmentKey]:
+        return [k for k, e in self._entries.items() if e.expires_at <= now]
+
+    def _blocks_of(self, keys: list[SegmentKey], reason: str) -> int:
+        n = 0
+        for k in keys:
+            n += len(self._entries[k].hit.block_ids)
+            self._drop(k, reason)
+        return n
+
+    def _make_room(self, need: int, now: float) -> bool:
+        budget = self.config.max_blocks
+        if budget == 0:
+            return True
+        if need > budget:
+            return False
+        self._blocks_of(self._expired_keys(now), "expired")
+        for key in [k for k, e in self._entries.items() if e.hit.tier is not Tier.PINNED]:
+            if self._num_blocks + need <= budget:
+                break
+            self._blocks_of([key], "evicted")
+        return self._num_blocks + need <= budget
+
+    def _drop(self, key: SegmentKey, reason: str) -> None:
+        entry = self._entries.pop(key)
+        self._num_blocks -= len(entry.hit.block_ids)
+        self._blocks.decref(entry.hit.block_ids)
+        if reason == "expired":
+            self._stats.expired += 1
+        elif reason == "evicted":
+            self._stats.evicted += 1
+        else:
+            self._stats.released += 1
