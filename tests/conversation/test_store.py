@@ -1,0 +1,203 @@
+"""The SQL store: migrations both ways, atomic writes, concurrent writers, bad input."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from suffixmem.conversation.schema import Base
+from suffixmem.conversation.store import (
+    NewMessage,
+    SegmentSighting,
+    Store,
+    TurnEvent,
+    current_revision,
+    downgrade,
+    upgrade,
+)
+from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
+
+TABLES = {"sessions", "messages", "segments", "segment_events", "turn_events"}
+
+
+def _tables(url: str) -> set[str]:
+    eng = create_engine(url)
+    try:
+        return set(inspect(eng).get_table_names()) - {"alembic_version"}
+    finally:
+        eng.dispose()
+
+
+def test_migrations_up_and_down(db_url: str) -> None:
+    assert _tables(db_url) == set()
+    upgrade(db_url)
+    assert _tables(db_url) == TABLES
+    assert current_revision(db_url) == "0001"
+    # the migrated schema is exactly what the ORM models describe
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    eng = create_engine(db_url)
+    with eng.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    eng.dispose()
+    assert diff == []
+    downgrade(db_url, "base")
+    assert _tables(db_url) == set()
+    assert current_revision(db_url) is None
+    upgrade(db_url)  # and up again from empty
+    assert _tables(db_url) == TABLES
+
+
+def test_session_lookups_are_indexed(sqlite_url: str) -> None:
+    upgrade(sqlite_url)
+    eng = create_engine(sqlite_url)
+    insp = inspect(eng)
+    indexed = {tuple(ix["column_names"]) for ix in insp.get_indexes("messages")}
+    uniques = {tuple(u["column_names"]) for u in insp.get_unique_constraints("messages")}
+    eng.dispose()
+    assert ("session_id",) in indexed
+    assert ("session_id", "position") in uniques
+
+
+def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    Store(url).close()
+    assert current_revision(url) == "0001"
+
+
+def test_sessions_lifecycle(db_url: str) -> None:
+    st = Store(db_url)
+    a, created = st.open_session("a", title="first", system_prompt="be brief", model="m")
+    assert created and a.id == "a" and a.temperature == 0.8 and a.message_count == 0
+    again, created = st.open_session("a", title="ignored")
+    assert not created and again.title == "first"
+    b, _ = st.open_session(None)
+    assert len(b.id) == 32
+    st.append_messages("a", [NewMessage("user", "hi"), NewMessage("assistant", "hey", (1, 2))])
+    assert [s.id for s in st.list_sessions()] == ["a", b.id]  # a was updated last
+    f = st.fork_session("a", "f")
+    assert f.message_count == 2 and f.forked_from == "a" and f.system_prompt == "be brief"
+    st.append_messages("f", [NewMessage("user", "only in the fork")])
+    assert len(st.messages("a")) == 2 and len(st.messages("f")) == 3
+    assert st.messages("f")[1].token_ids == (1, 2)
+    with pytest.raises(InvalidRequestError):
+        st.fork_session("a", "f")
+    st.delete_session("a")
+    assert st.get_session("a") is None
+    assert [m.content for m in st.messages("f")] == ["hi", "hey", "only in the fork"]
+    with pytest.raises(UnknownSessionError):
+        st.messages("a")
+    with pytest.raises(UnknownSessionError):
+        st.delete_session("a")
+    st.close()
+
+
+def test_commit_turn_is_one_transaction(db_url: str) -> None:
+    st = Store(db_url)
+    st.open_session("s")
+    turn = TurnEvent(prompt_tokens=10, cached_tokens=4, ttft_s=0.1, latency_s=0.5,
+                     temperature=0.3, topic_jump=True, similarity=0.1)
+    st.commit_turn("s", [NewMessage("user", "q"), NewMessage("assistant", "a", (7,))], turn,
+                   temperature=0.3, window_start=0)
+    rec = st.require_session("s")
+    assert rec.temperature == 0.3 and rec.message_count == 2
+    assert st.turn_events("s") == [turn]
+    # a message that cannot be stored (bad role) leaves nothing behind
+    with pytest.raises(InvalidRequestError):
+        st.commit_turn("s", [NewMessage("user", "q2"), NewMessage("robot", "x")], turn,
+                       temperature=0.5, window_start=0)
+    assert [m.content for m in st.messages("s")] == ["q", "a"]
+    assert st.require_session("s").temperature == 0.3
+    assert len(st.turn_events("s")) == 1
+    with pytest.raises(UnknownSessionError):
+        st.commit_turn("nope", [NewMessage("user", "q")], turn, temperature=0.8,
+                       window_start=0)
+    st.clear_history("s")
+    assert st.messages("s") == [] and st.require_session("s").temperature == 0.8
+    st.close()
+
+
+@pytest.mark.parametrize("same_session", [True, False])
+def test_concurrent_writers_lose_nothing(db_url: str, same_session: bool) -> None:
+    st = Store(db_url)
+    n_threads, n_turns = 4, 12
+    for t in range(n_threads):
+        st.open_session(f"s{t}")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n_threads)
+
+    def writer(t: int) -> None:
+        sid = "s0" if same_session else f"s{t}"
+        try:
+            barrier.wait()
+            for i in range(n_turns):
+                st.commit_turn(
+                    sid, [NewMessage("user", f"{t}:{i}"), NewMessage("assistant", f"r{t}:{i}")],
+                    TurnEvent(1, 0, 0.0, 0.0, 0.8), temperature=0.8, window_start=0,
+                )
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    sids = ["s0"] if same_session else [f"s{t}" for t in range(n_threads)]
+    contents: list[str] = []
+    for sid in sids:
+        msgs = st.messages(sid)
+        assert [m.position for m in msgs] == list(range(len(msgs)))
+        # each turn's two messages are adjacent: turns never interleave
+        for u, a in zip(msgs[::2], msgs[1::2], strict=True):
+            assert a.content == "r" + u.content
+        contents += [m.content for m in msgs if m.role == "user"]
+    assert sorted(contents) == sorted(f"{t}:{i}" for t in range(n_threads)
+                                      for i in range(n_turns))
+    assert len(st.turn_events()) == n_threads * n_turns
+    st.close()
+
+
+def test_segments_bookkeeping(db_url: str) -> None:
+    st = Store(db_url)
+    st.open_session("a")
+    st.open_session("b")
+    doc = SegmentSighting("h1", "*", "document", 100, {"tokens": 100.0})
+    st.record_segments("a", [doc])
+    st.record_segments("a", [SegmentSighting("h1", "*", "document", 100, {}, hit=True)])
+    st.record_segments("b", [SegmentSighting("h1", "*", "document", 100, {}, hit=True)])
+    rec = st.segment("h1", "*")
+    assert rec is not None
+    assert (rec.hits, rec.tokens_saved, rec.sessions_seen) == (2, 200, 2)
+    assert [e.hit for e in st.segment_events()] == [False, True, True]
+    assert st.segment_events()[0].features == {"tokens": 100.0}
+    st.record_segments("a", [SegmentSighting("h2", "a", "document", 10, {})])
+    assert st.release_segments("a") == 1
+    st.delete_session("a")
+    assert st.segment("h2", "a") is None and st.segment("h1", "*") is not None
+    st.close()
+
+
+def test_bad_input(sqlite_url: str) -> None:
+    st = Store(sqlite_url)
+    for bad in ("", "  ", "x" * 129, 3):
+        with pytest.raises(InvalidRequestError):
+            st.open_session(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError):
+        st.update_session("x", color="red")
+    st.close()
+
+
+def test_unreachable_database(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="cannot connect"):
+        Store(f"sqlite:///{tmp_path / 'missing-dir' / 'x.db'}")
+    with pytest.raises(StoreError, match=r"\*\*\*"):  # the password is hidden
+        Store("postgresql+psycopg://u:secret@127.0.0.1:1/db")
+    with pytest.raises(StoreError, match="invalid database URL"):
+        Store("not a url")
