@@ -1,0 +1,80 @@
+"""Per-message rendering equals tokenizing the template's whole string, and assistant turns are
+rendered from the ids the model generated."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from suffixmem.chat_template import ChatTemplate
+from suffixmem.detokenizer import Detokenizer
+from suffixmem.engine.protocol import Message
+
+
+@pytest.fixture(scope="module")
+def template(tokenizer) -> ChatTemplate:  # type: ignore[no-untyped-def]
+    return ChatTemplate(tokenizer)
+
+
+CONVERSATIONS = [
+    [Message("user", "What is the capital of France?")],
+    [Message("system", "You answer briefly."), Message("user", "Hi!"),
+     Message("assistant", "Hello! How can I help?"), Message("user", "Tell me a joke.")],
+    [Message("user", "2+2?"), Message("assistant", "4"), Message("user", "  spaces  \n\nand lines")],
+    [Message("system", "日本語で答えてください。"), Message("user", "東京はどこですか？")],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("gen", [True, False])
+def test_render_matches_whole_string(template: ChatTemplate, tokenizer, messages, gen) -> None:  # type: ignore[no-untyped-def]
+    whole = tokenizer(template.render_text(messages, gen), add_special_tokens=False)["input_ids"]
+    assert template.render(messages, gen) == list(whole)
+
+
+def test_render_is_append_only(template: ChatTemplate) -> None:
+    convo = CONVERSATIONS[1]
+    for i in range(1, len(convo)):
+        shorter = template.render(convo[:i], add_generation_prompt=False)
+        longer = template.render(convo[: i + 1], add_generation_prompt=False)
+        assert longer[: len(shorter)] == shorter
+
+
+def test_assistant_token_ids_are_used_verbatim(template: ChatTemplate, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # " Paris" tokenized alone differs from the ids a model may emit (e.g. "Par" + "is")
+    generated = tuple(tokenizer("Par", add_special_tokens=False)["input_ids"]) + tuple(
+        tokenizer("is", add_special_tokens=False)["input_ids"])
+    msgs = [Message("user", "Capital of France?"),
+            Message("assistant", "Paris", token_ids=generated)]
+    ids = template.render(msgs, add_generation_prompt=False)
+    start = len(template.render(msgs[:1], add_generation_prompt=False))
+    header = template.generation_prompt_ids
+    assert tuple(ids[start:start + len(header)]) == header
+    assert tuple(ids[start + len(header):start + len(header) + len(generated)]) == generated
+    assert ids[start + len(header) + len(generated)] == template.eos_token_id
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(alphabet="ab .,\n日本é", min_size=1, max_size=40))
+def test_detokenizer_streams_exact_text(tokenizer, text: str) -> None:  # type: ignore[no-untyped-def]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    d = Detokenizer(tokenizer)
+    out = "".join(d.push(t) for t in ids) + d.flush()
+    assert out == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(head=st.text(alphabet="ab .\n", max_size=20), tail=st.text(alphabet="ab .\n", max_size=20))
+def test_detokenizer_cuts_at_stop_and_never_leaks_it(tokenizer, head: str, tail: str) -> None:  # type: ignore[no-untyped-def]
+    stop = "STOP"
+    ids = tokenizer(head + stop + tail, add_special_tokens=False)["input_ids"]
+    d = Detokenizer(tokenizer, stop=(stop,))
+    emitted = ""
+    for t in ids:
+        emitted += d.push(t)
+        assert "STOP"[:2] not in emitted[len(head):] or d.stopped
+        if d.stopped:
+            break
+    assert d.stopped
+    assert emitted == d.text == tokenizer.decode(ids, skip_special_tokens=True).split(stop)[0]

@@ -1,0 +1,62 @@
+"""Validation of the engine protocol's request types (no model needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from suffixmem.engine.protocol import EngineStats, Message, Request, Result, SamplingParams, Segment
+from suffixmem.errors import InvalidRequestError
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"max_tokens": 1.5}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"stop": ("",)}, "stop"),
+    ],
+)
+def test_sampling_rejects_bad_values(kwargs: dict, needle: str) -> None:
+    with pytest.raises(InvalidRequestError, match=needle):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_normalises_stop() -> None:
+    assert SamplingParams(stop="\n").stop == ("\n",)
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+
+
+def test_message_and_request_validation() -> None:
+    with pytest.raises(InvalidRequestError, match="unknown message role 'wizard'"):
+        Message("wizard", "hi")
+    with pytest.raises(InvalidRequestError, match="token_ids"):
+        Message("user", "hi", token_ids=(1, 2))
+    with pytest.raises(InvalidRequestError, match="empty"):
+        Request("s", messages=[])
+    with pytest.raises(InvalidRequestError, match="empty content"):
+        Request("s", messages=[Message("user", "  ")])
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        Request("s")
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        Request("s", messages=[Message("user", "x")], token_ids=[1])
+    with pytest.raises(InvalidRequestError, match="session_key"):
+        Request("", token_ids=[1])
+    with pytest.raises(InvalidRequestError, match="beyond the prompt"):
+        Request("s", token_ids=[1, 2], segments=(Segment(0, 5),))
+    with pytest.raises(InvalidRequestError, match="segment kind"):
+        Segment(0, 2, kind="nope")
+    # an assistant turn may be empty (a model can answer with nothing)
+    Request("s", messages=[Message("user", "x"), Message("assistant", "")])
+
+
+def test_stats_hit_rate() -> None:
+    stats = EngineStats()
+    assert stats.hit_rate == 0.0
+    stats.record(Result("a", (1, 2), "stop", 100, 75, 0.1, 0.2))
+    stats.record(Result("b", (3,), "length", 100, 25, 0.1, 0.2))
+    assert stats.hit_rate == pytest.approx(0.5)
+    assert stats.output_tokens == 3
