@@ -21,7 +21,8 @@ CONVERSATIONS = [
     [Message("user", "What is the capital of France?")],
     [Message("system", "You answer briefly."), Message("user", "Hi!"),
      Message("assistant", "Hello! How can I help?"), Message("user", "Tell me a joke.")],
-    [Message("user", "2+2?"), Message("assistant", "4"), Message("user", "  spaces  \n\nand lines")],
+    [Message("user", "2+2?"), Message("assistant", "4"),
+     Message("user", "  spaces  \n\nand lines")],
     [Message("system", "日本語で答えてください。"), Message("user", "東京はどこですか？")],
 ]
 

@@ -57,7 +57,7 @@ def test_missing_package_says_what_to_install(monkeypatch) -> None:  # type: ign
 
 def test_local_folder_and_bad_paths(model_path: Path, tmp_path: Path) -> None:
     assert models.resolve_model(str(model_path)) == model_path
-    with pytest.raises(ModelError, match="no config.json"):
+    with pytest.raises(ModelError, match=r"no config\.json"):
         models.resolve_model(str(tmp_path))
     with pytest.raises(ModelError, match="does not exist"):
         models.resolve_model(str(tmp_path / "missing.gguf"))
