@@ -1,0 +1,108 @@
+"""Choosing which tokens of a reused segment to recompute (CacheBlend / EPIC style).
+
+A segment's KV cached after one prefix is wrong after another in two ways: keys carry the old
+positions (fixed exactly by re-rotation) and every layer above the first mixed in attention to
+the old prefix (not fixable without recomputation). Two cheap remedies, combined:
+
+- **first k** (EPIC): the first tokens of a segment are the ones whose old context mattered most
+  (they had little of the segment itself to attend to), and they soak up attention like a
+  sequence start ("attention sinks"); recomputing them in the new context fixes most of the gap.
+- **top r by deviation** (CacheBlend): at a check layer, compute the segment's KV in the new
+  context for real and compare it with the cached KV; the ratio ``r`` of tokens that deviate
+  most are recomputed in every layer above, the rest reuse the cache.
+
+``select_recompute`` is pure Python; ``kv_deviation`` works on tensors (torch imported lazily).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from suffixmem.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+@dataclass(slots=True)
+class BlendConfig:
+    """Validated recompute policy.
+
+    - ``first_k``: leading tokens of every reused segment that are always recomputed.
+    - ``ratio``: share (0..1) of each segment's tokens, beyond the first k, recomputed because
+      their KV deviates most at the check layers; ``0`` skips the check entirely.
+    - ``check_layers``: 0-based layer indices where deviation is measured; layers up to the
+      highest one are computed for the whole segment in the new context.
+    """
+
+    first_k: int = 4
+    ratio: float = 0.0
+    check_layers: tuple[int, ...] = field(default=(1,))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.first_k, bool) or not isinstance(self.first_k, int) or self.first_k < 0:
+            raise ConfigError(f"first_k must be an integer >= 0, got {self.first_k!r}")
+        if not 0.0 <= float(self.ratio) <= 1.0 or math.isnan(float(self.ratio)):
+            raise ConfigError(f"ratio must be in [0, 1], got {self.ratio}")
+        self.check_layers = tuple(sorted(set(int(x) for x in self.check_layers)))
+        if not self.check_layers or self.check_layers[0] < 0:
+            raise ConfigError(f"check_layers must be non-empty layer indices >= 0, got "
+                              f"{self.check_layers}")
+
+    @property
+    def needs_check(self) -> bool:
+        """Whether deviation must be measured (any top-r selection)."""
+        return self.ratio > 0.0
+
+    def num_deviating(self, num_tokens: int) -> int:
+        """How many tokens of a ``num_tokens`` segment the top-r rule picks (beyond first k)."""
+        rest = max(0, num_tokens - self.first_k)
+        return min(rest, round(self.ratio * num_tokens))
+
+
+def select_recompute(
+    num_tokens: int, config: BlendConfig, deviation: Sequence[float] | None = None
+) -> list[int]:
+    """Sorted segment offsets to recompute: ``0..k-1`` plus the ``num_deviating`` offsets of
+    highest ``deviation`` among the rest (ties: the earlier offset). ``deviation`` is required
+    when ``config.ratio > 0`` and must have one value per token."""
+    k = min(config.first_k, num_tokens)
+    chosen = list(range(k))
+    want = config.num_deviating(num_tokens)
+    if want == 0:
+        return chosen
+    if deviation is None or len(deviation) != num_tokens:
+        raise ValueError(f"need {num_tokens} deviation values for top-r selection")
+    rest = sorted(range(k, num_tokens), key=lambda i: (-float(deviation[i]), i))
+    return sorted(chosen + rest[:want])
+
+
+def kv_deviation(
+    k_new: torch.Tensor, v_new: torch.Tensor, k_old: torch.Tensor, v_old: torch.Tensor
+) -> torch.Tensor:
+    """Per-token deviation of freshly computed KV from the cached KV at one layer.
+
+    All inputs are ``[n, kv_heads, head_dim]`` with keys rotated for the same positions. The
+    result ``[n]`` (float32) is the L2 distance of keys plus that of values, each relative to the
+    mean norm of the fresh ones, so that keys and values weigh alike.
+    """
+    dk = (k_new.float() - k_old.float()).flatten(1).norm(dim=1)
+    dv = (v_new.float() - v_old.float()).flatten(1).norm(dim=1)
+    nk = k_new.float().flatten(1).norm(dim=1).mean().clamp_min(1e-6)
+    nv = v_new.float().flatten(1).norm(dim=1).mean().clamp_min(1e-6)
+    return dk / nk + dv / nv
+
+
+def combine_deviations(per_layer: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum of per-layer deviations ``[n]``, each divided by its mean so that every check layer
+    counts alike."""
+    total = None
+    for d in per_layer:
+        d = d.float() / d.float().mean().clamp_min(1e-12)
+        total = d if total is None else total + d
+    if total is None:
+        raise ValueError("no check-layer deviations given")
+    return total

@@ -1,0 +1,80 @@
+"""Recompute selection: first k, top-r deviation, validation; KV deviation on tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from suffixmem.engine.reuse.blend import (
+    BlendConfig,
+    combine_deviations,
+    kv_deviation,
+    select_recompute,
+)
+from suffixmem.errors import ConfigError
+
+
+def test_first_k_only() -> None:
+    assert select_recompute(10, BlendConfig(first_k=3, ratio=0.0)) == [0, 1, 2]
+    assert select_recompute(2, BlendConfig(first_k=3, ratio=0.0)) == [0, 1]
+    assert select_recompute(10, BlendConfig(first_k=0, ratio=0.0)) == []
+
+
+def test_top_r_picks_the_most_deviating_beyond_first_k() -> None:
+    dev = [9.0, 0.1, 0.5, 3.0, 0.2, 2.0, 0.0, 2.0, 0.3, 0.4]
+    # 20% of 10 = 2 tokens beyond the first k = 1; offset 0 is taken by first k already
+    assert select_recompute(10, BlendConfig(first_k=1, ratio=0.2), dev) == [0, 3, 5]
+    # ties go to the earlier offset
+    assert select_recompute(10, BlendConfig(first_k=1, ratio=0.3), dev) == [0, 3, 5, 7]
+    assert select_recompute(10, BlendConfig(first_k=0, ratio=1.0), dev) == list(range(10))
+
+
+def test_top_r_needs_one_deviation_per_token() -> None:
+    with pytest.raises(ValueError):
+        select_recompute(10, BlendConfig(first_k=1, ratio=0.2))
+    with pytest.raises(ValueError):
+        select_recompute(10, BlendConfig(first_k=1, ratio=0.2), [1.0] * 9)
+
+
+def test_num_deviating_never_exceeds_the_rest() -> None:
+    cfg = BlendConfig(first_k=8, ratio=0.5)
+    assert cfg.num_deviating(10) == 2
+    assert cfg.num_deviating(100) == 50
+    assert not BlendConfig(ratio=0.0).needs_check and cfg.needs_check
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"first_k": -1}, {"first_k": 1.5}, {"ratio": 1.5}, {"ratio": -0.1}, {"check_layers": ()},
+     {"check_layers": (-1,)}],
+)
+def test_config_is_validated(kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        BlendConfig(**kwargs)
+
+
+def test_check_layers_are_sorted_and_unique() -> None:
+    assert BlendConfig(check_layers=(3, 1, 3)).check_layers == (1, 3)
+
+
+def test_kv_deviation_ranks_the_perturbed_tokens() -> None:
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(6, 3, 8, generator=g)
+    v = torch.randn(6, 3, 8, generator=g)
+    k2, v2 = k.clone(), v.clone()
+    k2[4] += 1.0
+    v2[1] -= 3.0
+    dev = kv_deviation(k, v, k2, v2)
+    assert dev.shape == (6,)
+    assert torch.equal(dev[[0, 2, 3, 5]], torch.zeros(4))
+    assert dev[1] > dev[4] > 0
+    assert torch.equal(kv_deviation(k, v, k, v), torch.zeros(6))
+
+
+def test_combine_deviations_weighs_layers_alike() -> None:
+    a = torch.tensor([1.0, 0.0, 2.0])
+    b = torch.tensor([0.0, 300.0, 0.0])
+    out = combine_deviations([a, b])
+    assert torch.allclose(out, torch.tensor([1.0, 3.0, 2.0]))
+    with pytest.raises(ValueError):
+        combine_deviations([])
