@@ -1,0 +1,210 @@
+"""Cache-stable prompt layout: what each turn's prompt looks like, so the engine's cache hits.
+
+A prefix cache serves a prompt's longest already-seen prefix. So the layout keeps every prompt an
+extension of the previous one for as long as it can:
+
+1. **Static first.** The system prompt comes first and never changes within a session.
+2. **History append-only.** Messages are rendered one by one and assistant turns from the token
+   ids they were generated with (``Message.token_ids``), so turn ``n+1``'s prompt starts with
+   turn ``n``'s prompt plus its reply, token for token.
+3. **Chunked eviction.** When the prompt exceeds the budget (context window minus the reply
+   reserve), the oldest *whole turns* (a user message and what follows it) are dropped until the
+   prompt is at most ``(1 - evict_fraction) * budget``. The prefix changes once per chunk, not
+   once per turn as with a per-message sliding window; the turns in between hit the cache.
+4. **Context next to the question.** Retrieved context and memory blocks go into the last user
+   message (before the question), never into the system prompt, so they do not disturb the
+   cached prefix; each block is marked as a ``Segment`` of kind ``"document"`` for engines that
+   reuse segments at new positions. The stored history keeps the plain question.
+
+``SlidingWindowLayout`` is the baseline: LlamaIndex ``ChatMemoryBuffer``'s policy (drop the
+oldest messages, never leaving an assistant message first, until the rest fits), recomputed
+every turn.
+
+Layouts are pure: they call only the engine's ``render`` and ``tokenize`` (token ids in, token
+ids out) and never touch the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from suffixmem.engine.protocol import Message, Segment
+from suffixmem.errors import ConfigError, ContextWindowError, InvalidRequestError
+
+
+class Renderer(Protocol):
+    """The part of the engine protocol a layout needs."""
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+
+@dataclass(slots=True, frozen=True)
+class Prompt:
+    """One turn's prompt.
+
+    ``window_start`` is the index (into the stored history) of the first message kept;
+    ``evicted_turns`` counts turns dropped by *this* build. ``messages`` are what was rendered
+    (the last one is the user message with its context blocks).
+    """
+
+    token_ids: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    messages: tuple[Message, ...]
+    window_start: int
+    evicted_turns: int
+    budget: int
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def turn_starts(history: Sequence[Message]) -> list[int]:
+    """Indices where a turn begins: every user message (and 0, whatever its role)."""
+    starts = [i for i, m in enumerate(history) if m.role == "user"]
+    if history and (not starts or starts[0] != 0):
+        starts.insert(0, 0)
+    return starts
+
+
+def compose_user(message: str, context: Sequence[str]) -> str:
+    """The last user message as rendered: context blocks, a blank line each, then the question."""
+    if not context:
+        return message
+    return "".join(f"{block}\n\n" for block in context) + message
+
+
+def _find(haystack: Sequence[int], needle: Sequence[int], start: int) -> int:
+    n = len(needle)
+    first = needle[0]
+    for i in range(start, len(haystack) - n + 1):
+        if haystack[i] == first and tuple(haystack[i:i + n]) == tuple(needle):
+            return i
+    return -1
+
+
+class Layout(Protocol):
+    """A layout strategy: build this turn's prompt."""
+
+    def build(
+        self, engine: Renderer, system_prompt: str | None, history: Sequence[Message],
+        message: str, context: Sequence[str], window_start: int, budget: int,
+    ) -> Prompt: ...
+
+
+class _Base:
+    def _static(self, system_prompt: str | None) -> list[Message]:
+        return [Message("system", system_prompt)] if system_prompt else []
+
+    def _assemble(
+        self, engine: Renderer, static: list[Message], kept: Sequence[Message],
+        message: str, context: Sequence[str],
+    ) -> tuple[list[int], list[Message]]:
+        msgs = [*static, *kept, Message("user", compose_user(message, context))]
+        return engine.render(msgs, True), msgs
+
+    def _finish(
+        self, engine: Renderer, static: list[Message], ids: list[int], msgs: list[Message],
+        context: Sequence[str], window_start: int, evicted: int, budget: int,
+    ) -> Prompt:
+        segments: list[Segment] = []
+        if static:
+            sys_ids = engine.render(static, False)
+            if 0 < len(sys_ids) <= len(ids) and ids[:len(sys_ids)] == sys_ids:
+                segments.append(Segment(0, len(sys_ids), "system_tail", shared=True))
+        if context:
+            # the blocks sit in the last user message: search from its start
+            before = engine.render(msgs[:-1], False)
+            at = len(before) if ids[:len(before)] == before else 0
+            for block in context:
+                block_ids = engine.tokenize(block)
+                if not block_ids:
+                    continue
+                pos = _find(ids, block_ids, at)
+                if pos < 0:  # a token merged across the block's edge: no exact span to mark
+                    continue
+                segments.append(Segment(pos, pos + len(block_ids), "document"))
+                at = pos + len(block_ids)
+        return Prompt(tuple(ids), tuple(segments), tuple(msgs), window_start, evicted, budget)
+
+    @staticmethod
+    def _check(message: str, budget: int) -> None:
+        if not isinstance(message, str) or not message.strip():
+            raise InvalidRequestError("the message is empty: nothing to answer")
+        if budget <= 0:
+            raise ConfigError(f"the token budget must be > 0, got {budget}")
+
+
+class CacheStableLayout(_Base):
+    """Static first, append-only history, eviction of the oldest turns in chunks of
+    ``evict_fraction`` of the budget (see the module docstring)."""
+
+    def __init__(self, evict_fraction: float = 0.5) -> None:
+        if not 0.0 < evict_fraction < 1.0:
+            raise ConfigError(f"evict_fraction must be in (0, 1), got {evict_fraction}")
+        self.evict_fraction = evict_fraction
+
+    def build(
+        self, engine: Renderer, system_prompt: str | None, history: Sequence[Message],
+        message: str, context: Sequence[str], window_start: int, budget: int,
+    ) -> Prompt:
+        self._check(message, budget)
+        static = self._static(system_prompt)
+        starts = turn_starts(history)
+        # the stored window start, snapped to a turn boundary (history may have been edited)
+        w = next((s for s in starts if s >= window_start), len(history))
+        ids, msgs = self._assemble(engine, static, history[w:], message, context)
+        if len(ids) <= budget:
+            return self._finish(engine, static, ids, msgs, context, w, 0, budget)
+        target = int((1.0 - self.evict_fraction) * budget)
+        candidates = [s for s in starts if s > w] + [len(history)]
+        best: tuple[int, list[int], list[Message]] | None = None
+        for c in candidates:
+            ids, msgs = self._assemble(engine, static, history[c:], message, context)
+            if len(ids) <= budget and best is None:
+                best = (c, ids, msgs)  # the least eviction that fits, if the target is unreachable
+            if len(ids) <= target:
+                best = (c, ids, msgs)
+                break
+        if best is None:
+            raise ContextWindowError(
+                len(ids), budget,
+                "the message (with its context and the system prompt) alone exceeds the budget "
+                "of context window minus reply reserve; shorten it or lower max_tokens",
+            )
+        c, ids, msgs = best
+        evicted = sum(1 for s in starts if w <= s < c)
+        return self._finish(engine, static, ids, msgs, context, c, evicted, budget)
+
+
+class SlidingWindowLayout(_Base):
+    """Baseline: per-message sliding window like LlamaIndex ``ChatMemoryBuffer``: each turn keep
+    the longest suffix of the history that fits the budget and starts with a user message."""
+
+    def build(
+        self, engine: Renderer, system_prompt: str | None, history: Sequence[Message],
+        message: str, context: Sequence[str], window_start: int, budget: int,
+    ) -> Prompt:
+        self._check(message, budget)
+        static = self._static(system_prompt)
+        starts = turn_starts(history)
+        ids: list[int] = []
+        for c in [*starts, len(history)]:
+            ids, msgs = self._assemble(engine, static, history[c:], message, context)
+            if len(ids) <= budget:
+                evicted = sum(1 for s in starts if window_start <= s < c)
+                return self._finish(engine, static, ids, msgs, context, c, evicted, budget)
+        raise ContextWindowError(
+            len(ids), budget,
+            "the message (with its context and the system prompt) alone exceeds the budget",
+        )
+
+
+LAYOUTS: dict[str, type[CacheStableLayout] | type[SlidingWindowLayout]] = {
+    "stable": CacheStableLayout,
+    "sliding": SlidingWindowLayout,
+}
