@@ -171,13 +171,19 @@ def ask(
 ) -> None:
     """One-shot question; with --session the turn is stored and later turns reuse its cache."""
     _check_engine(engine)
+    from suffixmem.engine.protocol import SamplingParams
+    from suffixmem.errors import InvalidRequestError
+
+    sampling: dict[str, Any] = {"max_tokens": max_tokens}
+    if temperature is not None:
+        sampling["temperature"] = temperature
+    SamplingParams(**sampling)  # reject bad values before paying for an engine start
+    if not text.strip():
+        raise InvalidRequestError("the message is empty")
     with quiet_stdout():  # engine start-up logs go to stderr
         mgr = _make_manager(engine, model, database, max_model_len)
     try:
         info = mgr.open_session(session)
-        sampling: dict[str, Any] = {"max_tokens": max_tokens}
-        if temperature is not None:
-            sampling["temperature"] = temperature
         if as_json:
             with quiet_stdout():
                 turn = mgr.chat(info.id, text, **sampling)
