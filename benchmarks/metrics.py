@@ -1,0 +1,210 @@
+"""Per-turn records and the figures computed from them. Pure Python: no torch, no engines.
+
+Definitions (times in seconds, token counts in model tokens):
+- ``ttft_s``: from the moment the client calls the configuration's chat API (history
+  rendering and tokenization included) to the first generated token, as the client sees it.
+- ``latency_s``: from the same moment to the end of the reply.
+- ``hit_rate``: cached prompt tokens over prompt tokens, summed over turns.
+- ``hit_ceiling``: the share of prompt tokens already seen earlier in the same session: for each
+  turn, the longest common prefix of its prompt ids with the session's previous prompt ids
+  followed by the previous reply's ids (0 on a session's first turn), summed and divided by the
+  summed prompt tokens. No cache restricted to one session's own earlier tokens can beat it.
+- ``output_tok_s`` and ``prompt_tok_s``: tokens over the wall time of the whole workload
+  (engine start-up excluded).
+- Percentiles interpolate linearly between order statistics (numpy's default method).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Figures of a configuration that have a ratio to naive; the others are descriptive.
+RATIO_KEYS: tuple[str, ...] = (
+    "ttft_p50_s", "ttft_p50_from_turn8_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s",
+    "output_tok_s", "prompt_tok_s", "hit_rate", "hit_ceiling", "peak_rss_mb", "kv_pool_mb",
+    "kv_held_mb",
+)
+FROM_TURN = 8  # 1-based turn from which the "steady state" TTFT is taken
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """One measured turn. ``session`` is 0-based, ``turn`` 1-based. ``seen_tokens`` is the
+    turn's share of the hit ceiling's numerator (see the module docstring)."""
+
+    session: int
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    seen_tokens: int
+    ttft_s: float
+    latency_s: float
+    engine_ttft_s: float | None = None
+    text: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TurnRecord:
+        return cls(**data)
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation; NaN for no values."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token id sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class CeilingTracker:
+    """Tracks each session's last prompt + reply ids and scores the next prompt against them."""
+
+    def __init__(self) -> None:
+        self._seen: dict[object, list[int]] = {}
+
+    def observe(self, session: object, prompt_ids: Sequence[int], reply_ids: Sequence[int]) -> int:
+        """Seen tokens of this prompt (LCP with the session's previous prompt + reply), then
+        remember this turn's prompt + reply for the next one."""
+        before = self._seen.get(session)
+        seen = common_prefix_len(prompt_ids, before) if before is not None else 0
+        self._seen[session] = [*prompt_ids, *reply_ids]
+        return seen
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def summarize(records: Sequence[TurnRecord], wall_s: float) -> dict[str, float]:
+    """The timing, throughput and hit figures of one configuration's run."""
+    ttft = [r.ttft_s for r in records]
+    late = [r.ttft_s for r in records if r.turn >= FROM_TURN]
+    lat = [r.latency_s for r in records]
+    prompt = sum(r.prompt_tokens for r in records)
+    return {
+        "turns": len(records),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p50_from_turn8_s": percentile(late, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "latency_p50_s": percentile(lat, 50),
+        "latency_p99_s": percentile(lat, 99),
+        "output_tok_s": _div(sum(r.output_tokens for r in records), wall_s),
+        "prompt_tok_s": _div(prompt, wall_s),
+        "hit_rate": _div(sum(r.cached_tokens for r in records), prompt),
+        "hit_ceiling": _div(sum(r.seen_tokens for r in records), prompt),
+        "prompt_tokens": prompt,
+        "cached_tokens": sum(r.cached_tokens for r in records),
+        "output_tokens": sum(r.output_tokens for r in records),
+        "wall_s": wall_s,
+    }
+
+
+def by_turn(records: Sequence[TurnRecord]) -> dict[str, list[float]]:
+    """Per 1-based turn index: p50 TTFT across sessions, hit rate and hit ceiling."""
+    turns = sorted({r.turn for r in records})
+    out: dict[str, list[float]] = {"turn": [], "ttft_p50_s": [], "hit_rate": [],
+                                   "hit_ceiling": []}
+    for t in turns:
+        rs = [r for r in records if r.turn == t]
+        prompt = sum(r.prompt_tokens for r in rs)
+        out["turn"].append(t)
+        out["ttft_p50_s"].append(percentile([r.ttft_s for r in rs], 50))
+        out["hit_rate"].append(_div(sum(r.cached_tokens for r in rs), prompt))
+        out["hit_ceiling"].append(_div(sum(r.seen_tokens for r in rs), prompt))
+    return out
+
+
+def add_ratios(configs: dict[str, dict[str, Any]], baseline: str = "naive") -> None:
+    """Add ``<key>_vs_naive`` (this figure over naive's) to every measured configuration."""
+    base = configs.get(baseline)
+    if not base or base.get("status") != "ok":
+        return
+    for figures in configs.values():
+        if figures.get("status") != "ok":
+            continue
+        for key in RATIO_KEYS:
+            a, b = figures.get(key), base.get(key)
+            if isinstance(a, int | float) and isinstance(b, int | float):
+                figures[f"{key.removesuffix('_s')}_vs_{baseline}"] = _div(a, b)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def evaluate_targets(configs: dict[str, dict[str, Any]], workload: str) -> dict[str, Any]:
+    """Pass/fail of the issue's targets for the workload that ran (``default`` or ``long``).
+
+    Each target is checked for every suffixmem configuration that ran; ``passed`` is ``None``
+    when a configuration it needs (naive, vllm_direct) did not run.
+    """
+    ok = {k: v for k, v in configs.items() if v.get("status") == "ok"}
+    ours = {k: v for k, v in ok.items() if k.startswith("suffixmem")}
+    naive = ok.get("naive")
+    direct = ok.get("vllm_direct")
+    targets: dict[str, Any] = {}
+
+    def check(name: str, rule: str, need: dict[str, Any] | None, test: Any) -> None:
+        results = {}
+        for cfg, fig in ours.items():
+            if need is None:
+                results[cfg] = {"passed": None, "why": "reference configuration did not run"}
+            else:
+                value, limit, passed = test(fig, need)
+                if not (_finite(value) and _finite(limit)):
+                    passed = None
+                results[cfg] = {"value": value, "limit": limit, "passed": passed}
+        targets[name] = {"rule": rule, "configs": results,
+                         "passed": _all([r["passed"] for r in results.values()])}
+
+    if workload == "default":
+        check("ttft_from_turn8_le_fifth_of_naive",
+              "p50 TTFT from turn 8 <= 1/5 of naive's", naive,
+              lambda f, n: (f["ttft_p50_from_turn8_s"], n["ttft_p50_from_turn8_s"] / 5,
+                            f["ttft_p50_from_turn8_s"] <= n["ttft_p50_from_turn8_s"] / 5))
+    else:
+        check("ttft_from_turn8_le_twentieth_of_naive",
+              "p50 TTFT from turn 8 <= 1/20 of naive's", naive,
+              lambda f, n: (f["ttft_p50_from_turn8_s"], n["ttft_p50_from_turn8_s"] / 20,
+                            f["ttft_p50_from_turn8_s"] <= n["ttft_p50_from_turn8_s"] / 20))
+        check("output_throughput_ge_2_3x_naive", "output tokens/s >= 2.3x naive's", naive,
+              lambda f, n: (f["output_tok_s"], 2.3 * n["output_tok_s"],
+                            f["output_tok_s"] >= 2.3 * n["output_tok_s"]))
+        check("hit_rate_ge_95pct_of_ceiling", "hit rate >= 95% of its ceiling", {},
+              lambda f, _n: (f["hit_rate"], 0.95 * f["hit_ceiling"],
+                             f["hit_rate"] >= 0.95 * f["hit_ceiling"]))
+    for key, label in (("ttft_p50_from_turn8_s", "p50 TTFT from turn 8"),
+                       ("latency_p50_s", "p50 turn latency")):
+        check(f"{key.removesuffix('_s')}_within_10pct_of_vllm_direct",
+              f"{label} <= 1.1x vllm_direct's", direct,
+              lambda f, d, key=key: (f[key], 1.1 * d[key], f[key] <= 1.1 * d[key]))
+    check("output_tok_s_within_10pct_of_vllm_direct", "output tokens/s >= vllm_direct's / 1.1",
+          direct, lambda f, d: (f["output_tok_s"], d["output_tok_s"] / 1.1,
+                                f["output_tok_s"] >= d["output_tok_s"] / 1.1))
+    return targets
+
+
+def _all(values: list[bool | None]) -> bool | None:
+    if not values or any(v is None for v in values):
+        return None
+    return all(values)

@@ -1,0 +1,161 @@
+"""Percentiles, the hit ceiling from real token ids, the summary figures, ratios and targets."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks.metrics import (
+    CeilingTracker,
+    TurnRecord,
+    add_ratios,
+    by_turn,
+    common_prefix_len,
+    evaluate_targets,
+    percentile,
+    summarize,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=50),
+       st.floats(0, 100))
+def test_percentile_matches_numpy(values: list[float], q: float) -> None:
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-6)
+
+
+def test_percentile_edges() -> None:
+    assert math.isnan(percentile([], 50))
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_common_prefix_len() -> None:
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([5], [6]) == 0
+
+
+def _render(tokenizer, messages: list[dict[str, str]]) -> list[int]:  # type: ignore[no-untyped-def]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_hit_ceiling_from_real_chat_template_ids(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    system = {"role": "system", "content": "You are a helpful assistant who answers briefly."}
+    u1 = {"role": "user", "content": "What is a computer?"}
+    reply = "A computer is an electronic device that processes data."
+    u2 = {"role": "user", "content": "Who invented computers?"}
+    p1 = _render(tokenizer, [system, u1])
+    reply_ids = list(tokenizer(reply, add_special_tokens=False)["input_ids"])
+    p2 = _render(tokenizer, [system, u1, {"role": "assistant", "content": reply}, u2])
+
+    tracker = CeilingTracker()
+    assert tracker.observe("a", p1, reply_ids) == 0  # nothing seen before in the session
+    seen = tracker.observe("a", p2, [])
+    # ChatML: the second prompt repeats the first prompt and the reply, then adds the
+    # end-of-turn token, which the reply ids (without it) do not contain
+    assert p2[: len(p1) + len(reply_ids)] == p1 + reply_ids
+    assert seen == len(p1) + len(reply_ids)
+    assert p2[seen] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # another session has seen nothing, even with the same prompt
+    assert tracker.observe("b", p2, []) == 0
+    # a prompt that diverges inside the history only counts the common part
+    edited = _render(tokenizer, [system, {"role": "user", "content": "What is a car?"}])
+    assert tracker.observe("a", edited, []) == common_prefix_len(edited, p2)
+    assert 0 < common_prefix_len(edited, p2) < len(p1)
+
+
+def _records() -> list[TurnRecord]:
+    # 2 sessions x 9 turns; ttft grows with the turn number, latency = 2 * ttft
+    out = []
+    for t in range(1, 10):
+        for s in range(2):
+            ttft = t / 10 + s / 100
+            out.append(TurnRecord(session=s, turn=t, prompt_tokens=100 * t, cached_tokens=
+                                  50 * t if t > 1 else 0, output_tokens=4,
+                                  seen_tokens=90 * t if t > 1 else 0,
+                                  ttft_s=ttft, latency_s=2 * ttft))
+    return out
+
+
+def test_summarize_and_by_turn() -> None:
+    recs = _records()
+    fig = summarize(recs, wall_s=9.0)
+    assert fig["turns"] == 18
+    assert fig["ttft_p50_s"] == pytest.approx(percentile([r.ttft_s for r in recs], 50))
+    # from turn 8: turns 8 and 9 of both sessions -> 0.80, 0.81, 0.90, 0.91
+    assert fig["ttft_p50_from_turn8_s"] == pytest.approx(0.855)
+    assert fig["latency_p99_s"] == pytest.approx(percentile([r.latency_s for r in recs], 99))
+    prompt = sum(100 * t for t in range(1, 10)) * 2
+    assert fig["prompt_tokens"] == prompt
+    assert fig["output_tok_s"] == pytest.approx(18 * 4 / 9.0)
+    assert fig["prompt_tok_s"] == pytest.approx(prompt / 9.0)
+    assert fig["hit_rate"] == pytest.approx(sum(50 * t for t in range(2, 10)) * 2 / prompt)
+    assert fig["hit_ceiling"] == pytest.approx(sum(90 * t for t in range(2, 10)) * 2 / prompt)
+    bt = by_turn(recs)
+    assert bt["turn"] == list(range(1, 10))
+    assert bt["ttft_p50_s"][0] == pytest.approx(0.105)
+    assert bt["hit_rate"][0] == 0.0 and bt["hit_rate"][4] == pytest.approx(0.5)
+    assert bt["hit_ceiling"][4] == pytest.approx(0.9)
+
+
+def _ok(**figures: float) -> dict[str, object]:
+    base = {"status": "ok", "ttft_p50_s": 1.0, "ttft_p50_from_turn8_s": 1.0, "ttft_p99_s": 1.0,
+            "latency_p50_s": 1.0, "latency_p99_s": 1.0, "output_tok_s": 10.0,
+            "prompt_tok_s": 100.0, "hit_rate": 0.0, "hit_ceiling": 0.9, "peak_rss_mb": 1000.0}
+    base.update(figures)
+    return base
+
+
+def test_ratios_and_default_targets() -> None:
+    configs = {
+        "naive": _ok(),
+        "vllm_direct": _ok(ttft_p50_from_turn8_s=0.1, latency_p50_s=0.5, output_tok_s=20.0),
+        "suffixmem_vllm": _ok(ttft_p50_from_turn8_s=0.105, latency_p50_s=0.5,
+                              output_tok_s=19.0, hit_rate=0.85),
+        "suffixmem_torch": _ok(ttft_p50_from_turn8_s=0.3, latency_p50_s=0.6,
+                               output_tok_s=15.0),
+        "suffixmem_torch_segments": {"status": "missing", "reason": "not built"},
+    }
+    add_ratios(configs)
+    assert configs["suffixmem_vllm"]["ttft_p50_from_turn8_vs_naive"] == pytest.approx(0.105)
+    assert configs["suffixmem_vllm"]["output_tok_vs_naive"] == pytest.approx(1.9)
+    assert configs["naive"]["peak_rss_mb_vs_naive"] == 1.0
+    assert "ttft_p50_vs_naive" not in configs["suffixmem_torch_segments"]
+    t = evaluate_targets(configs, "default")
+    fifth = t["ttft_from_turn8_le_fifth_of_naive"]
+    assert fifth["configs"]["suffixmem_vllm"]["passed"] is True
+    assert fifth["configs"]["suffixmem_torch"]["passed"] is False
+    assert fifth["passed"] is False
+    assert "suffixmem_torch_segments" not in fifth["configs"]  # did not run: no verdict
+    within = t["ttft_p50_from_turn8_within_10pct_of_vllm_direct"]["configs"]
+    assert within["suffixmem_vllm"]["passed"] is True  # 0.105 <= 0.11
+    assert within["suffixmem_torch"]["passed"] is False
+    assert t["output_tok_s_within_10pct_of_vllm_direct"]["configs"]["suffixmem_vllm"][
+        "passed"] is True  # 19 >= 20 / 1.1
+    assert "output_throughput_ge_2_3x_naive" not in t  # long-workload target
+
+
+def test_long_targets_and_missing_reference() -> None:
+    configs = {
+        "naive": _ok(),
+        "suffixmem_vllm": _ok(ttft_p50_from_turn8_s=0.04, output_tok_s=25.0, hit_rate=0.86,
+                              hit_ceiling=0.9),
+    }
+    t = evaluate_targets(configs, "long")
+    assert t["ttft_from_turn8_le_twentieth_of_naive"]["passed"] is True
+    assert t["output_throughput_ge_2_3x_naive"]["passed"] is True
+    assert t["hit_rate_ge_95pct_of_ceiling"]["configs"]["suffixmem_vllm"]["passed"] is True
+    # vllm_direct did not run: those targets have no verdict rather than a guessed one
+    assert t["latency_p50_within_10pct_of_vllm_direct"]["passed"] is None
+    configs["suffixmem_vllm"]["hit_rate"] = 0.85  # 0.85 < 0.95 * 0.9 = 0.855
+    t = evaluate_targets(configs, "long")
+    assert t["hit_rate_ge_95pct_of_ceiling"]["passed"] is False
