@@ -1,0 +1,454 @@
+"""``TorchEngine``: the compact engine whose KV cache we own.
+
+One driver thread owns the model, the KV pool and the block pool. Each step reads as
+schedule -> run -> postprocess: the scheduler admits waiting requests (prefix-cache hit, fresh
+blocks) or batches every running sequence's next decode; the runner computes; postprocess
+samples, streams ``TokenEvent``s and finishes sequences. Callers in any thread submit requests
+through an inbox between steps and read their own outbox, so new requests join running ones
+(continuous batching) and closing a stream aborts its request.
+
+Sessions are isolated by salting block hashes with ``request.session_key``. Segment reuse plugs
+in through ``TorchEngine.reuse`` (see ``reuse_hook.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from suffixmem.chat_template import ChatTemplate
+from suffixmem.config import EngineConfig
+from suffixmem.detokenizer import Detokenizer
+from suffixmem.engine.protocol import (
+    BaseEngine,
+    EngineStats,
+    Message,
+    Request,
+    Result,
+    SamplingParams,
+    TokenEvent,
+)
+from suffixmem.engine.torch.block_pool import BlockPool
+from suffixmem.engine.torch.kv_pool import KVPool, torch_dtype
+from suffixmem.engine.torch.llama import Llama
+from suffixmem.engine.torch.model_runner import ModelRunner, RunOutput, SeqInput
+from suffixmem.engine.torch.reuse_hook import ReuseHook, ReuseOutcome
+from suffixmem.engine.torch.scheduler import Scheduler
+from suffixmem.engine.torch.sequence import SeqStatus, Sequence
+from suffixmem.errors import (
+    ConfigError,
+    ContextWindowError,
+    EngineClosedError,
+    InvalidRequestError,
+)
+from suffixmem.models import resolve_model
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_PREFILL_CHUNK = 4096
+
+
+class TorchEngine(BaseEngine):
+    """Paged-KV Llama engine in plain torch (see the module docstring).
+
+    Public attributes for extensions (segment reuse), all owned by the driver thread:
+    ``model`` (``Llama``), ``runner`` (``ModelRunner``), ``kv_pool`` (``KVPool``),
+    ``block_pool`` (``BlockPool``), ``block_size``, ``scheduler``, ``reuse``.
+    """
+
+    name = "torch"
+    supports_json_schema = False
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        super().__init__()
+        self.config = config = config or EngineConfig()
+        self.dtype = torch_dtype(config.dtype)
+        self.block_size = config.block_size or DEFAULT_BLOCK_SIZE
+        threads = int(config.extra.get("num_threads", os.cpu_count() or 1))
+        torch.set_num_threads(max(1, threads))
+        self.model_path: Path = resolve_model(config.model)
+        self.model_name = config.model
+        self.max_model_len = config.max_model_len
+
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        self.template = ChatTemplate(self.tokenizer)
+        self.stop_token_ids = self._stop_token_ids()
+        self.model = Llama.from_pretrained(self.model_path, self.dtype)
+        mc = self.model.config
+        if config.max_model_len > mc.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len {config.max_model_len} exceeds the model's context of "
+                f"{mc.max_position_embeddings} tokens"
+            )
+        budget = int(config.kv_cache_gib * (1 << 30))
+        per_block = KVPool.bytes_per_block(mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                                           self.block_size, self.dtype)
+        need_blocks = -(-config.max_model_len // self.block_size)
+        if budget // per_block < need_blocks:
+            need_gib = need_blocks * per_block / (1 << 30)
+            raise ConfigError(
+                f"kv_cache_gib={config.kv_cache_gib} holds {budget // per_block} blocks of "
+                f"{self.block_size} tokens, fewer than one request of max_model_len="
+                f"{config.max_model_len} tokens needs ({need_blocks}); raise kv_cache_gib to "
+                f">= {need_gib:.4f} or lower max_model_len"
+            )
+        self.kv_pool = KVPool.from_budget(budget, mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                                          self.block_size, self.dtype)
+        self.block_pool = BlockPool(self.kv_pool.num_blocks, self.block_size)
+        self.runner = ModelRunner(self.model, self.kv_pool, config.max_model_len)
+        self.prefill_chunk = config.max_num_batched_tokens or DEFAULT_PREFILL_CHUNK
+        self.scheduler = Scheduler(self.block_pool, config.max_num_seqs, self.prefill_chunk,
+                                   config.enable_prefix_caching)
+        self.reuse: ReuseHook | None = None
+        self._generator = torch.Generator().manual_seed(config.seed)
+        self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes
+        self._per_block_bytes = per_block
+
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._outboxes: dict[str, queue.SimpleQueue[Any]] = {}
+        self._seqs: dict[str, Sequence] = {}  # driver-thread only
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._driver = threading.Thread(target=self._drive, name="suffixmem-torch", daemon=True)
+        self._driver.start()
+
+    def _stop_token_ids(self) -> frozenset[int]:
+        ids = {self.template.eos_token_id}
+        try:
+            from transformers import GenerationConfig
+
+            gen = GenerationConfig.from_pretrained(str(self.model_path))
+            eos = gen.eos_token_id
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        except OSError:  # no generation_config.json: the tokenizer's eos is enough
+            pass
+        return frozenset(int(i) for i in ids if i is not None)
+
+    # -- tokenizer ------------------------------------------------------------------------------
+    def render(self, messages: Seq[Message], add_generation_prompt: bool = True) -> list[int]:
+        return self.template.render(messages, add_generation_prompt)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def detokenize(self, token_ids: Seq[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    # -- requests -------------------------------------------------------------------------------
+    def prompt_ids(self, request: Request) -> list[int]:
+        ids = super().prompt_ids(request)
+        if len(ids) + request.sampling.max_tokens > self.max_model_len:
+            raise ContextWindowError(
+                len(ids), self.max_model_len,
+                f"with max_tokens={request.sampling.max_tokens} the reply would not fit",
+            )
+        return ids
+
+    def _stream(self, request: Request, prompt_ids: list[int]) -> Iterator[TokenEvent | Result]:
+        if self._stop:
+            raise EngineClosedError("torch engine is closed")
+        rid = request.request_id
+        box: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        with self._lock:
+            if rid in self._outboxes:
+                raise InvalidRequestError(f"request id {rid!r} is already in flight")
+            self._outboxes[rid] = box
+        seq = Sequence(request=request, token_ids=list(prompt_ids),
+                       num_prompt_tokens=len(prompt_ids), salt=request.session_key,
+                       t_submit=time.perf_counter())
+        finished = False
+        self._submit("add", seq)
+        try:
+            while True:
+                item = box.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if isinstance(item, Result):
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._submit("abort", rid)
+            with self._lock:
+                self._outboxes.pop(rid, None)
+
+    def _submit(self, op: str, arg: Any) -> None:
+        self._inbox.put((op, arg))
+        self._wake.set()
+
+    def _deliver(self, rid: str, item: Any) -> None:
+        with self._lock:
+            box = self._outboxes.get(rid)
+        if box is not None:
+            box.put(item)
+
+    def run_in_driver(self, fn: Callable[[TorchEngine], T]) -> T:
+        """Run ``fn(engine)`` in the driver thread between steps and return its result (or
+        raise its exception). The safe way for other threads to touch the pools."""
+        if threading.current_thread() is self._driver:
+            return fn(self)
+        if self._stop:
+            raise EngineClosedError("torch engine is closed")
+        fut: Future[T] = Future()
+        self._submit("call", (fn, fut))
+        return fut.result()
+
+    # -- extension API (driver thread: call from a reuse hook or through run_in_driver) ---------
+    def slots(self, seq: Sequence, positions: Seq[int]) -> list[int]:
+        """KV slots of ``positions`` of ``seq`` (which must own blocks covering them)."""
+        return self.runner.slots(seq.block_table, positions)
+
+    def read_kv(self, seq: Sequence, positions: Seq[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``seq``'s K and V at ``positions``: two ``[L, N, KV, D]`` copies (keys rotated to
+        their positions)."""
+        return self.kv_pool.read(torch.tensor(self.slots(seq, positions), dtype=torch.long))
+
+    def write_kv(self, seq: Sequence, positions: Seq[int], k: torch.Tensor,
+                 v: torch.Tensor) -> None:
+        """Store ``k, v [L, N, KV, D]`` (keys already rotated to ``positions``) in ``seq``."""
+        self.kv_pool.write_all(torch.tensor(self.slots(seq, positions), dtype=torch.long), k, v)
+
+    def run_forward(self, inputs: Seq[SeqInput], entropy_layers: Seq[int] = ()) -> RunOutput:
+        """The runner's generic forward (see ``ModelRunner.forward``)."""
+        return self.runner.forward(inputs, entropy_layers)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block not in use; returns how many."""
+        return self.run_in_driver(lambda e: e.block_pool.reset())
+
+    def stats(self) -> EngineStats:
+        s = super().stats()
+        s.kv_used_bytes = self.block_pool.num_used * self._per_block_bytes
+        s.extra.update(
+            kv_blocks=self.block_pool.num_blocks,
+            kv_blocks_used=self.block_pool.num_used,
+            kv_blocks_cached=self.block_pool.num_cached_blocks,
+            kv_blocks_evicted=self.block_pool.num_evicted,
+            preemptions=self.scheduler.num_preemptions,
+        )
+        return s
+
+    # -- the driver thread ----------------------------------------------------------------------
+    def _drive(self) -> None:
+        with torch.inference_mode():
+            while not self._stop:
+                self._drain_inbox()
+                if self._stop:
+                    break
+                if not self.scheduler.has_work:
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                try:
+                    self._step()
+                except Exception as e:  # a broken step fails every request in flight
+                    log.exception("torch engine step failed")
+                    for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                        self._fail(seq, e)
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self._fail(seq, EngineClosedError("torch engine closed"))
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                op, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if op == "add":
+                self._seqs[arg.seq_id] = arg
+                arg.detok = Detokenizer(self.tokenizer, arg.request.sampling.stop)
+                seed = arg.request.sampling.seed
+                if seed is not None:
+                    arg.generator = torch.Generator().manual_seed(seed)
+                self.scheduler.add(arg)
+            elif op == "abort":
+                seq = self._seqs.pop(arg, None)
+                if seq is not None:
+                    self.scheduler.finish(seq)
+            elif op == "call":
+                fn, fut = arg
+                try:
+                    fut.set_result(fn(self))
+                except Exception as e:
+                    fut.set_exception(e)
+
+    def _step(self) -> None:
+        plan = self.scheduler.schedule()  # schedule
+        for seq, err in plan.failed:
+            self._fail(seq, err)
+        if plan.prefill:  # run + postprocess
+            self._prefill(plan.prefill)
+        elif plan.decode:
+            self._decode(plan.decode)
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._apply_reuse(seq)
+        # chunks of at most prefill_chunk tokens; a sequence's chunk wants logits only when it
+        # ends the sequence's pending positions
+        rows: list[Sequence] = []
+        logits: list[torch.Tensor] = []
+        inputs: list[SeqInput] = []
+        owners: list[Sequence] = []
+        room = self.prefill_chunk
+
+        def flush() -> None:
+            nonlocal inputs, owners, room
+            if inputs:
+                out = self.runner.forward(inputs)
+                wanted = [o for o, i in zip(owners, inputs, strict=True) if i.want_logits]
+                rows.extend(wanted)
+                logits.append(out.logits)
+            inputs, owners, room = [], [], self.prefill_chunk
+
+        for seq in seqs:
+            pending = seq.pending
+            at = 0
+            while at < len(pending):
+                take = pending[at:at + room]
+                at += len(take)
+                inputs.append(SeqInput(
+                    token_ids=[seq.token_ids[p] for p in take], positions=take,
+                    block_table=seq.block_table, context_len=take[-1] + 1,
+                    want_logits=at == len(pending)))
+                owners.append(seq)
+                room -= len(take)
+                if room == 0:
+                    flush()
+        flush()
+        all_logits = torch.cat(logits) if len(logits) > 1 else logits[0]
+        for seq in seqs:
+            seq.num_computed = seq.num_tokens
+            seq.pending = []
+            self.scheduler.cache_full_blocks(seq)
+            after = getattr(self.reuse, "after_prefill", None)
+            if after is not None and seq.request.segments and not seq.request.exact:
+                after(self, seq, seq.request)
+        self._postprocess(rows, self._sample(rows, all_logits))
+
+    def _apply_reuse(self, seq: Sequence) -> None:
+        req = seq.request
+        if self.reuse is None or not req.segments or req.exact or seq.num_output_tokens:
+            return  # (a preempted sequence recomputes exactly)
+        outcome: ReuseOutcome = self.reuse.apply(self, seq, req)
+        pending = list(outcome.pending)
+        allowed = set(seq.pending)
+        if (not pending or pending[-1] != seq.num_tokens - 1 or any(
+                p not in allowed for p in pending) or pending != sorted(set(pending))):
+            raise RuntimeError(
+                "reuse hook returned invalid pending positions: they must be ascending, a "
+                "subset of seq.pending and end at the last prompt position"
+            )
+        if len(pending) < len(seq.pending):
+            kept = set(pending)
+            first_reused = next(p for p in seq.pending if p not in kept)
+            if seq.approx_from is None or first_reused < seq.approx_from:
+                seq.approx_from = first_reused
+        seq.pending = pending
+        seq.reused_segment_tokens = outcome.reused_tokens
+        seq.recomputed_tokens = outcome.recomputed_tokens
+
+    def _decode(self, seqs: list[Sequence]) -> None:
+        inputs = [SeqInput([s.token_ids[-1]], [s.num_tokens - 1], s.block_table, s.num_tokens)
+                  for s in seqs]
+        out = self.runner.forward(inputs)
+        for seq in seqs:
+            seq.num_computed = seq.num_tokens
+            self.scheduler.cache_full_blocks(seq)
+        self._postprocess(seqs, self._sample(seqs, out.logits))
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """One token per sequence from ``logits [B, V]`` (fp32)."""
+        greedy = logits.argmax(dim=-1).tolist()
+        for i, seq in enumerate(seqs):
+            s = seq.request.sampling
+            if not s.greedy:
+                greedy[i] = sample_token(logits[i], s, seq.generator or self._generator)
+        return greedy
+
+    def _postprocess(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        now = time.perf_counter()
+        for seq, tok in zip(seqs, tokens, strict=True):
+            s = seq.request.sampling
+            if not seq.t_first_token:
+                seq.t_first_token = now
+            if tok in self.stop_token_ids and not s.ignore_eos:
+                self._finish(seq, "stop")
+                continue
+            seq.token_ids.append(tok)
+            delta = seq.detok.push(tok)
+            self._deliver(seq.seq_id, TokenEvent(tok, delta, seq.num_output_tokens - 1))
+            if seq.detok.stopped:
+                self._finish(seq, "stop")
+            elif seq.num_output_tokens >= s.max_tokens or seq.num_tokens >= self.max_model_len:
+                self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq)
+        self._seqs.pop(seq.seq_id, None)
+        rest = seq.detok.flush()
+        if rest:
+            self._deliver(seq.seq_id, TokenEvent(-1, rest, seq.num_output_tokens))
+        now = time.perf_counter()
+        self._deliver(seq.seq_id, Result(
+            text=seq.detok.text,
+            token_ids=tuple(seq.output_ids),
+            finish_reason=reason,  # type: ignore[arg-type]
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens + seq.reused_segment_tokens,
+            ttft_s=(seq.t_first_token or now) - seq.t_submit,
+            latency_s=now - seq.t_submit,
+            request_id=seq.seq_id,
+            session_key=seq.request.session_key,
+            reused_segment_tokens=seq.reused_segment_tokens,
+            recomputed_tokens=seq.recomputed_tokens,
+        ))
+
+    def _fail(self, seq: Sequence, error: Exception) -> None:
+        if seq.status is not SeqStatus.FINISHED or seq.block_table:
+            self.scheduler.finish(seq)
+        self._seqs.pop(seq.seq_id, None)
+        self._deliver(seq.seq_id, error)
+
+    # -- closing --------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        super().close()
+        self._stop = True
+        self._wake.set()
+        self._driver.join(timeout=30)
+
+
+def sample_token(logits: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:
+    """Sample from ``logits [V]`` with temperature, top-k and top-p (nucleus)."""
+    x = logits.float() / max(s.temperature, 1e-5)
+    if s.top_k > 0 and s.top_k < x.shape[-1]:
+        kth = torch.topk(x, s.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if s.top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        # drop a token when the tokens before it already reach top_p (the first always stays)
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= s.top_p
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(0, order, sorted_x)
+    probs = torch.softmax(x, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator).item())

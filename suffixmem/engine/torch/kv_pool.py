@@ -1,0 +1,109 @@
+"""The KV tensor pool: all layers' keys and values in two preallocated tensors.
+
+Layout: ``k`` and ``v`` are ``[L, num_blocks * block_size, KV, D]``; token slot ``s`` of block
+``b`` is row ``b * block_size + s`` (a *slot*). ``block_pool.BlockPool`` decides which blocks a
+sequence owns; this class only reads and writes rows. The pool is sized once from a byte budget
+and never grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from suffixmem.errors import ConfigError
+
+DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float16": torch.float16,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16" | "float32" | "float16"`` -> the torch dtype; anything else is a
+    ``ConfigError``."""
+    try:
+        return DTYPES[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}") from None
+
+
+class KVPool:
+    """``num_blocks`` blocks of ``block_size`` token slots for ``num_layers`` layers."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
+                 num_blocks: int, dtype: torch.dtype = torch.bfloat16) -> None:
+        if num_blocks < 1:
+            raise ConfigError(f"the KV pool needs at least one block, got {num_blocks}")
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.dtype = dtype
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        # zeros, not empty: padded decode reads unused rows (masked out) and 0 * NaN would leak
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
+                        dtype: torch.dtype) -> int:
+        """K and V of one block over all layers, in bytes."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                    block_size: int, dtype: torch.dtype = torch.bfloat16) -> KVPool:
+        """As many blocks as fit in ``budget_bytes``; ``ConfigError`` if not even one does."""
+        per_block = cls.bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype)
+        num_blocks = int(budget_bytes // per_block)
+        if num_blocks < 1:
+            raise ConfigError(
+                f"a KV budget of {budget_bytes} bytes holds no block ({per_block} bytes each)"
+            )
+        return cls(num_layers, num_kv_heads, head_dim, block_size, num_blocks, dtype)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def capacity_bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    # -- row access -----------------------------------------------------------------------------
+    @staticmethod
+    def slots_for(block_table: Sequence[int], positions: Sequence[int],
+                  block_size: int) -> list[int]:
+        """Slot of each position of a sequence whose blocks are ``block_table``."""
+        return [block_table[p // block_size] * block_size + p % block_size for p in positions]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k, v [N, KV, D]`` of layer ``layer`` at ``slots [N]``."""
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
+
+    def gather(self, layer: int, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s K and V of whole blocks, copied block by block.
+
+        ``block_ids [nb]`` -> ``[nb * block_size, KV, D]``; ``[B, nb]`` ->
+        ``[B, nb * block_size, KV, D]``."""
+        bs, kvh, d = self.block_size, self.num_kv_heads, self.head_dim
+        flat = block_ids.reshape(-1)
+        k = self.k[layer].view(self.num_blocks, bs * kvh * d).index_select(0, flat)
+        v = self.v[layer].view(self.num_blocks, bs * kvh * d).index_select(0, flat)
+        shape = (*block_ids.shape[:-1], block_ids.shape[-1] * bs, kvh, d)
+        return k.view(shape), v.view(shape)
+
+    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """All layers' K and V at ``slots [N]``: two ``[L, N, KV, D]`` copies."""
+        return self.k.index_select(1, slots), self.v.index_select(1, slots)
+
+    def write_all(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store all layers' ``k, v [L, N, KV, D]`` at ``slots [N]``."""
+        self.k.index_copy_(1, slots, k.to(self.dtype))
+        self.v.index_copy_(1, slots, v.to(self.dtype))

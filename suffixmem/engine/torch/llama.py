@@ -1,0 +1,316 @@
+"""Our own forward for the Llama family (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied
+embeddings), loading the same safetensors folder as transformers.
+
+The model is exposed as *layer-level primitives* so that the model runner (paged KV) and the
+segment-reuse code (KV moved to new positions) compose them freely. Shapes (``N`` tokens, ``H``
+query heads, ``KV`` key/value heads, ``D`` head dim, ``E`` hidden size):
+
+- ``embed(ids [N]) -> h [N, E]``
+- ``qkv(i, h [N, E], positions [N]) -> q [N, H, D], k [N, KV, D], v [N, KV, D]``: layer ``i``'s
+  input RMSNorm, the q/k/v projections, RoPE applied to ``q`` and ``k``.
+- ``attend(q [Nq, H, D], k [Nk, KV, D], v [Nk, KV, D], q_pos [Nq], k_pos [Nk]) -> out [Nq, H*D]``:
+  causal *by position*: the query at position ``p`` sees exactly the keys at positions ``<= p``,
+  so tokens at arbitrary, non-contiguous positions work. With ``entropy=True`` it also returns
+  each query's normalised attention entropy ``[Nq]`` (see ``attend``).
+- ``finish(i, h [N, E], attn_out [N, H*D]) -> h [N, E]``: o_proj, residual, post-attention
+  RMSNorm, SwiGLU MLP, residual.
+- ``logits(h [N, E]) -> [N, vocab]``: final RMSNorm and the LM head.
+
+Numerics follow transformers' ``LlamaForCausalLM`` operation by operation (RMSNorm in fp32 then
+cast, cos/sin in fp32 then cast, SDPA) so that fp32 logits agree to ~1e-5 and bf16 greedy
+decoding picks the same tokens. q/k/v and gate/up projections are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from suffixmem.engine.torch.rope import cos_sin, rope_with
+from suffixmem.errors import ModelError
+
+
+@dataclass(slots=True, frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family model (read from a transformers ``config.json``)."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 8192
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers, in elements (multiply by the dtype size)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        """From a transformers config dict (``config.json``); rejects what we do not implement."""
+        arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        if cfg.get("model_type", "llama") != "llama" and arch != "LlamaForCausalLM":
+            raise ModelError(f"the torch engine runs Llama-family models, not {arch}")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ModelError(f"RoPE type {rope_type!r} is not supported by the torch engine")
+        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+            raise ModelError("attention/MLP biases are not supported by the torch engine")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ModelError(f"activation {cfg.get('hidden_act')!r} is not supported")
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        return cls(
+            num_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rope_theta=float(theta),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
+        )
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One decoder layer. Projection weights are ``[out, in]`` as in ``nn.Linear``."""
+
+    input_norm: torch.Tensor  # [E]
+    w_qkv: torch.Tensor  # [(H + 2 KV) D, E]: q, k, v projections stacked
+    w_o: torch.Tensor  # [E, H D]
+    post_norm: torch.Tensor  # [E]
+    w_gate_up: torch.Tensor  # [2 I, E]: gate then up
+    w_down: torch.Tensor  # [E, I]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class Llama:
+    """A Llama-family causal LM as plain tensors (no ``nn.Module``; inference only)."""
+
+    def __init__(self, config: ModelConfig, embed_tokens: torch.Tensor,
+                 layers: Sequence[LayerWeights], norm: torch.Tensor,
+                 lm_head: torch.Tensor) -> None:
+        self.config = config
+        self.embed_tokens = embed_tokens  # [V, E]
+        self.layers = list(layers)
+        self.norm = norm  # [E]
+        self.lm_head = lm_head  # [V, E]; the same tensor as embed_tokens when tied
+        self.dtype = embed_tokens.dtype
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    # -- loading --------------------------------------------------------------------------------
+    @classmethod
+    def from_state_dict(cls, config: ModelConfig, state: Mapping[str, torch.Tensor],
+                        dtype: torch.dtype = torch.bfloat16) -> Llama:
+        """From transformers' parameter names (``model.layers.0.self_attn.q_proj.weight``...)."""
+
+        def get(name: str) -> torch.Tensor:
+            try:
+                return state[name].to(dtype)
+            except KeyError:
+                raise ModelError(f"weight {name!r} is missing from the checkpoint") from None
+
+        layers = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            layers.append(LayerWeights(
+                input_norm=get(p + "input_layernorm.weight"),
+                w_qkv=torch.cat([get(p + "self_attn.q_proj.weight"),
+                                 get(p + "self_attn.k_proj.weight"),
+                                 get(p + "self_attn.v_proj.weight")]).contiguous(),
+                w_o=get(p + "self_attn.o_proj.weight").contiguous(),
+                post_norm=get(p + "post_attention_layernorm.weight"),
+                w_gate_up=torch.cat([get(p + "mlp.gate_proj.weight"),
+                                     get(p + "mlp.up_proj.weight")]).contiguous(),
+                w_down=get(p + "mlp.down_proj.weight").contiguous(),
+            ))
+        embed = get("model.embed_tokens.weight").contiguous()
+        if config.tie_word_embeddings or "lm_head.weight" not in state:
+            lm_head = embed
+        else:
+            lm_head = get("lm_head.weight").contiguous()
+        return cls(config, embed, layers, get("model.norm.weight"), lm_head)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path,
+                        dtype: torch.dtype = torch.bfloat16) -> Llama:
+        """Load ``config.json`` and ``*.safetensors`` from a transformers model folder."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        try:
+            cfg = json.loads((folder / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelError(f"cannot read {folder / 'config.json'}: {e}") from e
+        config = ModelConfig.from_hf(cfg)
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ModelError(f"no .safetensors weights in {folder}")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return cls.from_state_dict(config, state, dtype)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights read per forward step (the memory-bound decode floor)."""
+        n = self.lm_head.numel() + self.norm.numel()
+        for w in self.layers:
+            n += sum(t.numel() for t in (w.input_norm, w.w_qkv, w.w_o, w.post_norm,
+                                         w.w_gate_up, w.w_down))
+        return n * self.lm_head.element_size()
+
+    def flops_per_token(self, context: int = 0) -> int:
+        """Matmul FLOPs of one token through the layers (lm_head excluded), plus attention
+        over ``context`` keys."""
+        c = self.config
+        per_layer = 2 * c.hidden_size * ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+                                         + c.num_heads * c.head_dim + 3 * c.intermediate_size)
+        attn = 4 * c.num_heads * c.head_dim * context
+        return c.num_layers * (per_layer + attn)
+
+    # -- the primitives -------------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids [N]`` -> hidden states ``[N, E]``."""
+        return self.embed_tokens[ids]
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin [N, D]`` for ``positions [N]`` in the model dtype (compute once per
+        forward and pass to ``qkv`` as ``rope=``)."""
+        return cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+
+    def qkv(self, i: int, h: torch.Tensor, positions: torch.Tensor | None = None,
+            rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``i``: ``h [N, E]`` -> ``q [N, H, D]``, ``k [N, KV, D]``, ``v [N, KV, D]``,
+        with RoPE at ``positions [N]`` (or precomputed ``rope=(cos, sin)``) on q and k."""
+        c = self.config
+        w = self.layers[i]
+        x = rms_norm(h, w.input_norm, c.rms_norm_eps)
+        qkv = F.linear(x, w.w_qkv)  # [N, (H + 2KV) D]
+        n = h.shape[0]
+        qk = qkv[:, :(c.num_heads + c.num_kv_heads) * c.head_dim].view(
+            n, c.num_heads + c.num_kv_heads, c.head_dim)
+        v = qkv[:, (c.num_heads + c.num_kv_heads) * c.head_dim:].view(
+            n, c.num_kv_heads, c.head_dim)
+        if rope is None:
+            if positions is None:
+                raise ValueError("qkv needs positions or rope")
+            rope = self.rope(positions)
+        qk = rope_with(qk, *rope)  # q and k rotated together: [N, H + KV, D]
+        return qk[:, :c.num_heads], qk[:, c.num_heads:], v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               q_pos: torch.Tensor, k_pos: torch.Tensor, entropy: bool = False,
+               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attention of ``q [Nq, H, D]`` over ``k, v [Nk, KV, D]``; query ``j`` sees key ``t``
+        iff ``k_pos[t] <= q_pos[j]``. Returns ``out [Nq, H*D]``.
+
+        With ``entropy=True`` returns ``(out, ent [Nq])``: per query the attention
+        distribution's entropy divided by ``log(number of visible keys)`` (0..1; 0 when one key
+        is visible), averaged over heads. That path uses an explicit fp32 softmax (chunked over
+        queries); otherwise SDPA runs, with its causal fast path when the queries are exactly
+        the keys in order (a cold prefill).
+        """
+        c = self.config
+        nq, nk = q.shape[0], k.shape[0]
+        if entropy:
+            return self._attend_explicit(q, k, v, q_pos, k_pos)
+        qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Nq, D]
+        kh = k.transpose(0, 1).unsqueeze(0)  # [1, KV, Nk, D]
+        vh = v.transpose(0, 1).unsqueeze(0)
+        if nq == nk and torch.equal(q_pos, k_pos) and (
+                nq == 1 or bool((q_pos[1:] > q_pos[:-1]).all())):
+            out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+        else:
+            mask = k_pos[None, :] <= q_pos[:, None]  # [Nq, Nk]
+            if nq == 1 and bool(mask.all()):
+                # one query seeing everything (decode): pack the query heads of each KV head as
+                # rows, an MQA-shaped call that is much faster than enable_gqa on CPU
+                packed = q.view(c.num_kv_heads, c.n_rep, c.head_dim).unsqueeze(0)
+                out = F.scaled_dot_product_attention(packed, kh, vh)
+                return out.reshape(1, c.num_heads * c.head_dim)
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+        return out[0].transpose(0, 1).reshape(nq, c.num_heads * c.head_dim)
+
+    def _attend_explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         q_pos: torch.Tensor, k_pos: torch.Tensor,
+                         chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
+        kr = k.to(torch.float32).repeat_interleave(c.n_rep, dim=1).transpose(0, 1)  # [H, Nk, D]
+        vr = v.to(torch.float32).repeat_interleave(c.n_rep, dim=1).transpose(0, 1)
+        outs, ents = [], []
+        for s in range(0, q.shape[0], chunk):
+            qc = q[s:s + chunk].to(torch.float32).transpose(0, 1)  # [H, n, D]
+            mask = k_pos[None, :] <= q_pos[s:s + chunk, None]  # [n, Nk]
+            scores = (qc @ kr.transpose(1, 2)) * self.scale  # [H, n, Nk]
+            scores = scores.masked_fill(~mask, float("-inf"))
+            p = torch.softmax(scores, dim=-1)
+            outs.append((p @ vr).transpose(0, 1).reshape(qc.shape[1], -1))  # [n, H D]
+            ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean(0)  # [n]
+            visible = mask.sum(-1).to(torch.float32)
+            ents.append(torch.where(visible > 1, ent / torch.log(visible.clamp_min(2.0)),
+                                    torch.zeros_like(ent)))
+        return torch.cat(outs).to(q.dtype), torch.cat(ents)
+
+    def finish(self, i: int, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Layer ``i`` after attention: ``h [N, E]`` (the layer's input) plus o_proj of
+        ``attn_out [N, H*D]``, then the SwiGLU MLP with its residual. Returns ``[N, E]``."""
+        c = self.config
+        w = self.layers[i]
+        h = h + F.linear(attn_out, w.w_o)
+        x = rms_norm(h, w.post_norm, c.rms_norm_eps)
+        gate, up = F.linear(x, w.w_gate_up).split(c.intermediate_size, dim=-1)
+        return h + F.linear(F.silu(gate) * up, w.w_down)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``h [N, E]`` -> logits ``[N, V]`` in the model dtype."""
+        return F.linear(rms_norm(h, self.norm, self.config.rms_norm_eps), self.lm_head)
+
+    # -- a dense reference forward (no cache) ---------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
+                entropy_layers: Sequence[int] = ()) -> torch.Tensor:
+        """Logits ``[N, V]`` of every token of one sequence ``ids [N]`` at ``positions``
+        (default ``0..N-1``), without any cache. Used as a reference and by tests."""
+        if positions is None:
+            positions = torch.arange(ids.shape[0])
+        rope = self.rope(positions)
+        h = self.embed(ids)
+        for i in range(self.config.num_layers):
+            q, k, v = self.qkv(i, h, rope=rope)
+            out = self.attend(q, k, v, positions, positions, entropy=i in entropy_layers)
+            if isinstance(out, tuple):
+                out = out[0]
+            h = self.finish(i, h, out)
+        return self.logits(h)

@@ -1,0 +1,160 @@
+"""The model runner: one forward step over paged KV for one or more sequences.
+
+``forward(inputs)`` is generic. Each ``SeqInput`` says which tokens to compute (``token_ids`` at
+``positions``, not necessarily contiguous), which blocks hold the sequence (``block_table``) and
+how long its context is (``context_len``: keys at positions ``0 .. context_len - 1``). Per layer
+the runner writes the new tokens' K/V into their slots, then each sequence's tokens attend over
+the whole context gathered from its blocks, causally by position. Every context position must
+already hold K/V (cached prefix, reused segment) or be computed in this call.
+
+Decode steps (one token per sequence, at the end of its context) take a batched path: the
+sequences' blocks are gathered into one padded ``[B, T, KV, D]`` tensor per layer and one SDPA
+call with a padding mask serves them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from suffixmem.engine.torch.kv_pool import KVPool
+from suffixmem.engine.torch.llama import Llama
+from suffixmem.engine.torch.rope import RopeTable
+
+
+@dataclass(slots=True)
+class SeqInput:
+    """What to compute for one sequence in one forward step.
+
+    ``token_ids[j]`` sits at ``positions[j]``; ``block_table`` covers at least ``context_len``
+    positions. ``want_logits`` asks for the logits of the last token given.
+    """
+
+    token_ids: Sequence[int]
+    positions: Sequence[int]
+    block_table: Sequence[int]
+    context_len: int
+    want_logits: bool = True
+
+
+@dataclass(slots=True)
+class RunOutput:
+    """``logits [S, V]`` (fp32) for the inputs that asked for them, in input order;
+    ``entropy[layer]`` = ``[N_total]`` normalised attention entropy of every computed token (in
+    input order) for each layer asked for."""
+
+    logits: torch.Tensor
+    entropy: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Runs ``Llama`` over a ``KVPool``. Owned by one thread (the engine's driver)."""
+
+    def __init__(self, model: Llama, kv_pool: KVPool, max_positions: int) -> None:
+        self.model = model
+        self.kv_pool = kv_pool
+        self.block_size = kv_pool.block_size
+        self.rope = RopeTable(model.config.head_dim, model.config.rope_theta, max_positions,
+                              model.dtype)
+
+    def slots(self, block_table: Sequence[int], positions: Sequence[int]) -> list[int]:
+        """KV slot of each position of a sequence that owns ``block_table``."""
+        return KVPool.slots_for(block_table, positions, self.block_size)
+
+    @torch.inference_mode()
+    def forward(self, inputs: Sequence[SeqInput],
+                entropy_layers: Sequence[int] = ()) -> RunOutput:
+        """Compute the given tokens, store their K/V, return logits (and entropies)."""
+        if not inputs:
+            raise ValueError("forward needs at least one input")
+        for s in inputs:
+            if len(s.token_ids) != len(s.positions) or not s.token_ids:
+                raise ValueError("each input needs as many positions as tokens (>= 1)")
+            if max(s.positions) >= s.context_len:
+                raise ValueError("a computed position lies beyond the context length")
+            if len(s.block_table) * self.block_size < s.context_len:
+                raise ValueError("the block table is shorter than the context")
+        decode = not entropy_layers and all(
+            len(s.token_ids) == 1 and s.positions[0] == s.context_len - 1 for s in inputs)
+        if decode:
+            return RunOutput(self._decode(inputs))
+        return self._prefill(inputs, entropy_layers)
+
+    # -- generic (prefill) path -----------------------------------------------------------------
+    def _prefill(self, inputs: Sequence[SeqInput], entropy_layers: Sequence[int]) -> RunOutput:
+        m, pool = self.model, self.kv_pool
+        ids = torch.tensor([t for s in inputs for t in s.token_ids], dtype=torch.long)
+        positions = torch.tensor([p for s in inputs for p in s.positions], dtype=torch.long)
+        slots = torch.tensor([x for s in inputs for x in self.slots(s.block_table, s.positions)],
+                             dtype=torch.long)
+        bounds = []  # (start, end) of each input's rows
+        start = 0
+        for s in inputs:
+            bounds.append((start, start + len(s.token_ids)))
+            start += len(s.token_ids)
+        # per input: are the computed tokens exactly the whole context in order (cold prefill)?
+        # then the fresh K/V serve directly, without a round trip through the pool
+        whole = [list(s.positions) == list(range(s.context_len)) for s in inputs]
+        blocks = [torch.tensor(s.block_table[:-(-s.context_len // self.block_size)],
+                               dtype=torch.long) for s in inputs]
+        k_pos = [torch.arange(s.context_len) for s in inputs]
+        rope = self.rope.lookup(positions)
+        entropy: dict[int, list[torch.Tensor]] = {i: [] for i in entropy_layers}
+        h = m.embed(ids)
+        for layer in range(m.config.num_layers):
+            q, k, v = m.qkv(layer, h, rope=rope)
+            pool.write(layer, slots, k, v)
+            outs = []
+            for j, s in enumerate(inputs):
+                a, b = bounds[j]
+                if whole[j]:
+                    kc, vc = k[a:b], v[a:b]
+                else:
+                    kc, vc = pool.gather(layer, blocks[j])
+                    kc, vc = kc[:s.context_len], vc[:s.context_len]
+                res = m.attend(q[a:b], kc, vc, positions[a:b], k_pos[j],
+                               entropy=layer in entropy)
+                if isinstance(res, tuple):
+                    outs.append(res[0])
+                    entropy[layer].append(res[1])
+                else:
+                    outs.append(res)
+            h = m.finish(layer, h, outs[0] if len(outs) == 1 else torch.cat(outs))
+        rows = [b - 1 for (_, b), s in zip(bounds, inputs, strict=True) if s.want_logits]
+        logits = m.logits(h[rows]).float() if rows else h.new_zeros((0, m.config.vocab_size))
+        return RunOutput(logits, {i: torch.cat(e) for i, e in entropy.items()})
+
+    # -- batched decode -------------------------------------------------------------------------
+    def _decode(self, inputs: Sequence[SeqInput]) -> torch.Tensor:
+        m, pool, bs = self.model, self.kv_pool, self.block_size
+        c = m.config
+        nb = max(-(-s.context_len // bs) for s in inputs)
+        batch = len(inputs)
+        ids = torch.tensor([s.token_ids[0] for s in inputs], dtype=torch.long)
+        positions = torch.tensor([s.positions[0] for s in inputs], dtype=torch.long)
+        slots = torch.tensor([self.slots(s.block_table, s.positions)[0] for s in inputs],
+                             dtype=torch.long)
+        # padded block tables: pad with block 0, whose rows the mask hides
+        table = torch.tensor([list(s.block_table[:nb]) + [0] * (nb - len(s.block_table[:nb]))
+                              for s in inputs], dtype=torch.long)  # [B, nb]
+        ctx = max(s.context_len for s in inputs)
+        mask = None
+        if any(s.context_len != ctx for s in inputs):
+            lens = torch.tensor([s.context_len for s in inputs])
+            mask = (torch.arange(ctx)[None, :] < lens[:, None])[:, None, None, :]  # [B,1,1,T]
+        rope = self.rope.lookup(positions)
+        h = m.embed(ids)
+        for layer in range(c.num_layers):
+            q, k, v = m.qkv(layer, h, rope=rope)
+            pool.write(layer, slots, k, v)
+            kc, vc = pool.gather(layer, table)  # [B, nb*bs, KV, D]
+            kc = kc[:, :ctx].transpose(1, 2)  # [B, KV, T, D]
+            vc = vc[:, :ctx].transpose(1, 2)
+            # the query heads of one KV head become rows of an MQA-shaped call
+            qp = q.reshape(batch, c.num_kv_heads, c.n_rep, c.head_dim)
+            out = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=mask)
+            h = m.finish(layer, h, out.reshape(batch, c.num_heads * c.head_dim))
+        return m.logits(h).float()

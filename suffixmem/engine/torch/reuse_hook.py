@@ -1,0 +1,58 @@
+"""The plug-in point for segment reuse in the torch engine.
+
+An object set as ``TorchEngine.reuse`` is called in the engine's driver thread, for requests with
+``request.segments and not request.exact``, after the sequence got its blocks (prefix-cache hit
+revived, the rest freshly allocated) and before its prefill:
+
+    outcome = hook.apply(engine, seq, request)
+
+At that point ``seq.token_ids`` is the prompt, ``seq.block_table`` covers every prompt position,
+``seq.num_computed`` (== ``seq.num_cached_tokens``) leading positions hold prefix-cache K/V and
+``seq.pending`` is ``[num_computed, ..., len(prompt) - 1]``. The hook may write K/V into any of the
+pending positions' slots (``engine.write_kv(seq, positions, k, v)``, keys already rotated to
+those positions, e.g. with ``rope.rerotate``) and returns which positions still need computing.
+The engine then prefills exactly ``outcome.pending``: each computed token attends, by position,
+to every position before it, reused or not.
+
+If the hook also has ``after_prefill(engine, seq, request) -> None``, it is called right after
+that prefill (all prompt K/V now in ``seq``'s blocks; read them with ``engine.read_kv``), before
+the first token is sampled: the place to store a segment's fresh K/V.
+
+A hook must not keep references to ``seq``'s blocks without ``engine.block_pool.incref``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from suffixmem.engine.protocol import Request
+    from suffixmem.engine.torch.engine import TorchEngine
+    from suffixmem.engine.torch.sequence import Sequence
+
+
+@dataclass(slots=True, frozen=True)
+class ReuseOutcome:
+    """What segment reuse did for one sequence.
+
+    - ``pending``: prompt positions still to compute, ascending, a subset of ``seq.pending`` that
+      must contain the last prompt position (its logits give the first token). Positions of
+      ``seq.pending`` left out must have had their K/V written by the hook.
+    - ``reused_tokens``: prompt tokens whose K/V was reused (goes to
+      ``Result.reused_segment_tokens`` and counts in ``Result.cached_tokens``).
+    - ``recomputed_tokens``: tokens inside reused segments that were recomputed anyway (first k,
+      top-r deviating); ``Result.recomputed_tokens``.
+    """
+
+    pending: tuple[int, ...]
+    reused_tokens: int = 0
+    recomputed_tokens: int = 0
+
+
+@runtime_checkable
+class ReuseHook(Protocol):
+    """Segment reuse, as the torch engine calls it (see the module docstring)."""
+
+    def apply(self, engine: TorchEngine, seq: Sequence, request: Request) -> ReuseOutcome:
+        ...

@@ -1,0 +1,74 @@
+"""Rotary position embedding (RoPE), rotate-half convention as in Hugging Face Llama.
+
+A head vector ``x`` at position ``p`` becomes ``x * cos(p * f) + rotate_half(x) * sin(p * f)``
+with ``f = theta ** (-(0, 2, ..., D-2) / D)`` repeated twice (the first and second halves of the
+head dimension form the rotated pairs). Rotations compose, so a key cached at position ``p`` is
+moved to position ``p + delta`` by rotating it once more by ``delta`` (``rerotate``); that is how
+segment reuse places cached keys at new positions.
+
+Shapes: ``x`` is ``[N, heads, D]`` (one row per token), ``positions`` is ``[N]`` (int).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """``[D/2]`` fp32 inverse frequencies, computed exactly as transformers does."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+
+
+def cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+            dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` of shape ``[N, D]`` for integer (or float) ``positions [N]``, computed in
+    fp32 and then cast to ``dtype`` (transformers' order of operations)."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq(head_dim, theta).to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1)  # [N, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` along the last dimension."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_with(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [N, heads, D]`` with precomputed ``cos, sin [N, D]`` (same dtype as ``x``)."""
+    cos = cos[:, None, :]  # [N, 1, D]: broadcast over heads
+    sin = sin[:, None, :]
+    return x * cos + rotate_half(x) * sin
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate ``x [N, heads, D]`` to ``positions [N]``, in ``x``'s dtype as transformers does
+    (cos/sin computed in fp32, cast to ``x.dtype``, then multiplied)."""
+    cos, sin = cos_sin(positions, x.shape[-1], theta, x.dtype)
+    return rope_with(x, cos, sin)
+
+
+def rerotate(k: torch.Tensor, delta_positions: torch.Tensor | int, theta: float) -> torch.Tensor:
+    """Move already rotated keys ``k [N, kv_heads, D]`` by ``delta_positions`` (``[N]`` or one
+    int; may be negative): the result equals keys rotated directly to ``p + delta`` up to
+    rounding. Computed in fp32 and cast back to ``k.dtype`` so that bf16 keys lose at most one
+    rounding."""
+    if isinstance(delta_positions, int):
+        delta_positions = torch.full((k.shape[0],), delta_positions, dtype=torch.long)
+    cos, sin = cos_sin(delta_positions.to(k.device), k.shape[-1], theta, torch.float32)
+    return rope_with(k.to(torch.float32), cos, sin).to(k.dtype)
+
+
+class RopeTable:
+    """Precomputed ``cos, sin [max_positions, D]`` in the model's dtype, for the engine's hot
+    path (one lookup per step instead of recomputing the trigonometry)."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int,
+                 dtype: torch.dtype) -> None:
+        self.head_dim = head_dim
+        self.theta = theta
+        self.cos, self.sin = cos_sin(torch.arange(max_positions), head_dim, theta, dtype)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin [N, D]`` for ``positions [N]`` (torch raises IndexError past the end)."""
+        return self.cos[positions], self.sin[positions]

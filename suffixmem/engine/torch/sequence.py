@@ -1,0 +1,71 @@
+"""One request's state inside the torch engine: its tokens, its blocks, what is computed."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from suffixmem.engine.protocol import Request
+from suffixmem.engine.torch.block_pool import BlockHash
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """A prompt plus what was generated so far.
+
+    Invariants while RUNNING: ``block_table`` covers positions ``0 .. len(token_ids) - 1``; the
+    K/V of positions ``0 .. num_computed - 1`` are in those blocks (the newest sampled token is
+    not computed until the next decode step feeds it). ``approx_from`` is the first position
+    whose K/V may differ from a cache-free run (reused segment K/V, or anything computed after
+    it); ``None`` means all exact. Blocks from there on are cached under ``approx_salt`` only.
+    """
+
+    request: Request
+    token_ids: list[int]
+    num_prompt_tokens: int
+    salt: str
+    t_submit: float
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    pending: list[int] = field(default_factory=list)  # positions the next prefill computes
+    approx_from: int | None = None
+    num_cached_tokens: int = 0  # prefix-cache hit at first admission (for the Result)
+    reused_segment_tokens: int = 0
+    recomputed_tokens: int = 0
+    admitted_once: bool = False
+    status: SeqStatus = SeqStatus.WAITING
+    # prefix-cache registration: full blocks hashed so far and the last hash
+    num_hashed_blocks: int = 0
+    last_hash: BlockHash | None = None
+    # streaming state, owned by the engine
+    detok: Any = None
+    t_first_token: float = 0.0
+    generator: Any = None  # torch.Generator for seeded sampling
+
+    @property
+    def seq_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def approx_salt(self) -> str:
+        """The salt of blocks whose K/V came from (or follow) approximate segment reuse."""
+        return self.salt + "\x00approx"
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
