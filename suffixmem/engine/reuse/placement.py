@@ -1,0 +1,199 @@
+"""Placing cached segment KV at new positions of a sequence, and choosing what to recompute.
+
+This is the tensor half of segment reuse; it runs on the torch engine's ``ModelRunner`` (our
+``Llama`` primitives over the paged ``KVPool``). Contract of ``place_segments``:
+
+1. Each reused segment's cached K/V (all layers) is copied from its pool slots into the
+   sequence's slots for its new positions. Keys were rotated for ``origin_start + i``; they are
+   re-rotated by ``delta = start - origin_start`` so that they sit exactly at ``start + i``.
+   Values carry no position and are copied as they are.
+2. With ``blend.ratio > 0``, layers ``0 .. max(check_layers)`` are computed for every uncached
+   position in the new context (cost ``(L + 1) / num_layers`` of a full prefill); at each check
+   layer the fresh K/V of segment tokens are compared with the re-rotated cached ones
+   (``blend.kv_deviation``). The fresh K/V of those lower layers stay in the pool.
+3. The first ``k`` tokens of each segment and the top ``r`` deviating ones are marked for
+   recomputation, as is every uncached token outside the segments and always the last prompt
+   token (its logits start decoding). The result lists them; the caller computes them over all
+   layers (``ModelRunner.forward`` with those positions and ``context_len = len(prompt)``).
+
+The final layout has every position ``0 .. N-1`` exactly once and attention stays causal by
+position: a position either holds cached K/V re-rotated to it or is computed there. Nothing here
+approximates when ``delta == 0`` and the preceding tokens are the ones the segment was computed
+after (the cached K/V then equal a recomputation up to floating-point order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from suffixmem.engine.reuse.blend import (
+    BlendConfig,
+    combine_deviations,
+    kv_deviation,
+    select_recompute,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from suffixmem.engine.torch.model_runner import ModelRunner
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentSource:
+    """A cached segment to reuse: ``len(src_slots)`` tokens whose K/V lie in pool slots
+    ``src_slots`` (keys rotated for ``origin_start + i``), to be placed at ``start + i``."""
+
+    start: int
+    src_slots: tuple[int, ...]
+    origin_start: int
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.src_slots)
+
+    @property
+    def delta(self) -> int:
+        return self.start - self.origin_start
+
+
+@dataclass(slots=True, frozen=True)
+class Placement:
+    """What ``place_segments`` did and what remains to compute.
+
+    ``compute_positions`` (ascending, ends with the last prompt position) must be computed over
+    all layers; ``reused_positions`` hold re-rotated cached K/V in the layers above the check
+    layers. ``recomputed`` counts segment tokens among ``compute_positions``; ``checked_layers``
+    is how many lower layers were computed for the whole uncached span (0 without a check).
+    """
+
+    compute_positions: tuple[int, ...]
+    reused_positions: tuple[int, ...]
+    recomputed: int
+    checked_layers: int
+
+
+def forward_layers(
+    runner: ModelRunner,
+    block_table: Sequence[int],
+    token_ids: Sequence[int],
+    positions: Sequence[int],
+    context_len: int,
+    num_layers: int | None = None,
+    kv_out: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    want_logits: bool = False,
+) -> torch.Tensor | None:
+    """Compute ``token_ids`` at ``positions`` of one sequence through layers ``0..num_layers-1``
+    (all by default), writing their K/V into the pool; every context position not computed here
+    must already hold K/V. ``kv_out[layer]`` receives that layer's fresh ``(k, v)``
+    ``[N, KV, D]`` for the layers it names. Returns the logits ``[N, V]`` (fp32) of every
+    computed token when ``want_logits`` (requires all layers), else ``None``.
+
+    The runner's own ``forward`` returns only the last token's logits; teacher-forced evaluation
+    and the check-layer pass need this all-rows, partial-depth variant.
+    """
+    import torch
+
+    m, pool = runner.model, runner.kv_pool
+    depth = m.config.num_layers if num_layers is None else num_layers
+    if want_logits and depth != m.config.num_layers:
+        raise ValueError("logits need every layer")
+    with torch.inference_mode():
+        ids = torch.tensor(list(token_ids), dtype=torch.long)
+        pos = torch.tensor(list(positions), dtype=torch.long)
+        slots = torch.tensor(runner.slots(block_table, positions), dtype=torch.long)
+        nb = -(-context_len // runner.block_size)
+        blocks = torch.tensor(list(block_table[:nb]), dtype=torch.long)
+        k_pos = torch.arange(context_len)
+        rope = runner.rope.lookup(pos)
+        h = m.embed(ids)
+        for layer in range(depth):
+            q, k, v = m.qkv(layer, h, rope=rope)
+            pool.write(layer, slots, k, v)
+            if kv_out is not None and layer in kv_out:
+                kv_out[layer] = (k, v)
+            if layer == depth - 1 and not want_logits:
+                break  # the last layer's K/V is all a partial pass needs
+            kc, vc = pool.gather(layer, blocks)
+            out = m.attend(q, kc[:context_len], vc[:context_len], pos, k_pos)
+            assert not isinstance(out, tuple)
+            h = m.finish(layer, h, out)
+        return m.logits(h).float() if want_logits else None
+
+
+def place_segments(
+    runner: ModelRunner,
+    block_table: Sequence[int],
+    prompt_ids: Sequence[int],
+    num_cached: int,
+    sources: Sequence[SegmentSource],
+    blend: BlendConfig,
+) -> Placement:
+    """Write reused segments' K/V into the sequence and plan the rest (see the module contract).
+
+    ``num_cached`` leading positions already hold K/V (a prefix-cache hit). ``sources`` must be
+    sorted, non-overlapping and lie within ``[num_cached, len(prompt_ids))``.
+    """
+    import torch
+
+    from suffixmem.engine.torch.rope import rerotate
+
+    n = len(prompt_ids)
+    m, pool = runner.model, runner.kv_pool
+    last_end = num_cached
+    for s in sources:
+        if s.start < last_end or s.end > n or not s.src_slots:
+            raise ValueError(
+                f"segment sources must be sorted, disjoint, non-empty and within "
+                f"[{num_cached}, {n}): got start {s.start}, end {s.end}"
+            )
+        last_end = s.end
+    if blend.needs_check and blend.check_layers[-1] >= m.config.num_layers:
+        raise ValueError(f"check layer {blend.check_layers[-1]} >= {m.config.num_layers} layers")
+
+    cached_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    with torch.inference_mode():
+        for s in sources:
+            k, v = pool.read(torch.tensor(s.src_slots, dtype=torch.long))  # [L, n, KV, D]
+            if s.delta:
+                lay, cnt, kvh, d = k.shape
+                k = rerotate(k.reshape(lay * cnt, kvh, d), s.delta, m.config.rope_theta)
+                k = k.view(lay, cnt, kvh, d)
+            dst = torch.tensor(runner.slots(block_table, range(s.start, s.end)), dtype=torch.long)
+            pool.write_all(dst, k, v)
+            if blend.needs_check:
+                cached_kv.append((k, v))
+
+    # deviation at the check layers, from a fresh pass over the uncached span
+    deviations: list[list[float] | None] = [None] * len(sources)
+    checked = 0
+    if blend.needs_check and sources:
+        checked = blend.check_layers[-1] + 1
+        span = range(num_cached, n)
+        kv_out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {
+            layer: (torch.empty(0), torch.empty(0)) for layer in blend.check_layers
+        }
+        forward_layers(runner, block_table, [prompt_ids[p] for p in span], span, n,
+                       num_layers=checked, kv_out=kv_out)
+        for j, s in enumerate(sources):
+            a, b = s.start - num_cached, s.end - num_cached
+            per_layer = [
+                kv_deviation(kv_out[layer][0][a:b], kv_out[layer][1][a:b],
+                             cached_kv[j][0][layer], cached_kv[j][1][layer])
+                for layer in blend.check_layers
+            ]
+            deviations[j] = combine_deviations(per_layer).tolist()
+
+    reused: set[int] = set()
+    recomputed = 0
+    for s, dev in zip(sources, deviations, strict=True):
+        chosen = set(select_recompute(len(s.src_slots), blend, dev))
+        recomputed += len(chosen)
+        reused.update(s.start + i for i in range(len(s.src_slots)) if i not in chosen)
+    if n - 1 in reused:  # the last prompt token's logits start decoding: always compute it
+        reused.discard(n - 1)
+        recomputed += 1
+    compute = tuple(p for p in range(num_cached, n) if p not in reused)
+    return Placement(compute, tuple(sorted(reused)), recomputed, checked)
