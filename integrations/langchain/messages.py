@@ -1,0 +1,100 @@
+"""Translation between LangChain messages and suffixmem ``Message``s (text only)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+from suffixmem.engine.protocol import Message
+
+# ChatMessage roles as LangChain spells them -> suffixmem roles
+_CHAT_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "ai": "assistant",
+    "tool": "tool",
+}
+
+
+def text_of(content: str | list[Any], where: str) -> str:
+    """The text of a message's ``content``: a string, or a list of strings and ``text`` blocks.
+
+    Any other block (image, audio, file, tool use...) raises ``ValueError``: the model reads
+    text only.
+    """
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise ValueError(
+                f"{where} has a {kind!r} content block; suffixmem models read text only "
+                "(strings and {'type': 'text'} blocks)"
+            )
+    return "".join(parts)
+
+
+def role_of(message: BaseMessage, where: str) -> str:
+    """The suffixmem role of a LangChain message, or ``ValueError`` for one we cannot render."""
+    if isinstance(message, SystemMessage):
+        return "system"
+    if isinstance(message, HumanMessage):
+        return "user"
+    if isinstance(message, AIMessage):
+        if message.tool_calls or message.invalid_tool_calls:
+            raise ValueError(
+                f"{where} is an AIMessage with tool calls; suffixmem models have no tool "
+                "calling, so such a history cannot be rendered"
+            )
+        return "assistant"
+    if isinstance(message, ToolMessage):
+        return "tool"
+    if isinstance(message, ChatMessage):
+        role = _CHAT_ROLES.get(message.role)
+        if role is None:
+            raise ValueError(
+                f"{where} is a ChatMessage with role {message.role!r}; expected one of "
+                f"{sorted(_CHAT_ROLES)}"
+            )
+        return role
+    raise ValueError(
+        f"{where} is a {type(message).__name__} (type {message.type!r}), which suffixmem cannot "
+        "render; use SystemMessage, HumanMessage, AIMessage, ToolMessage or ChatMessage"
+    )
+
+
+def to_suffixmem(messages: Sequence[BaseMessage]) -> list[Message]:
+    """LangChain messages -> suffixmem messages, or ``ValueError`` naming the offending one."""
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        out.append(Message(role_of(m, where), text_of(m.content, where)))
+    return out
+
+
+def to_langchain(message: Message) -> BaseMessage:
+    """A stored suffixmem message -> the LangChain message of its role."""
+    if message.role == "system":
+        return SystemMessage(message.content)
+    if message.role == "user":
+        return HumanMessage(message.content)
+    if message.role == "assistant":
+        return AIMessage(message.content)
+    return ChatMessage(role=message.role, content=message.content)
