@@ -1,0 +1,255 @@
+"""``suffixmem bench chat``: multi-session, multi-turn chat against naive recompute and peers.
+
+``run_chat(...)`` builds the workload (``benchmarks.workload``), runs every configuration in a
+process of its own (``benchmarks.worker``), one after the other, and returns the report:
+``{"configs": {NAME: figures}, "targets": {...}, "machine": {...}, "workload": {...},
+"date": ...}``. Figures are defined in ``benchmarks.metrics``; a configuration that cannot be
+built here (a module not written yet, a package not installed) has ``status: "missing"`` and a
+reason, one that failed ``status: "error"``; nothing is estimated in their place.
+``write_report`` (``benchmarks.report``) turns the report into JSON, markdown and PNG plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from benchmarks.configs import CONFIGS, DEFAULT_CONFIGS
+from benchmarks.metrics import TurnRecord, add_ratios, by_turn, evaluate_targets, summarize
+from benchmarks.peers import EngineOptions
+from benchmarks.report import machine_info, markdown_table, to_json, write_report
+from benchmarks.workload import Workload, build_workload
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = Path("results/chat")
+err_console = Console(stderr=True)
+
+
+def token_counter(model: str) -> Any:
+    """``count(text) -> tokens`` with the model's own tokenizer."""
+    from transformers import AutoTokenizer
+
+    from suffixmem.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model(model, progress=False)))
+    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_one(
+    name: str, workload: Workload, options: EngineOptions, *, timeout_s: float,
+    on_event: Any = None, log_dir: Path,
+) -> tuple[dict[str, Any], list[TurnRecord]]:
+    """Run configuration ``name`` in a child process; its figures and turn records."""
+    spec = {"config": name, "workload": workload.to_dict(),
+            "options": {"model": options.model, "max_model_len": options.max_model_len,
+                        "kv_cache_gib": options.kv_cache_gib, "max_tokens": options.max_tokens,
+                        "threads": options.threads}}
+    spec_path = log_dir / f"{name}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    log_path = log_dir / f"{name}.log"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    records: list[TurnRecord] = []
+    final: dict[str, Any] = {}
+    startup = float("nan")
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.worker", str(spec_path)],
+            stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=str(REPO_ROOT),
+        )
+        killer = threading.Timer(timeout_s, proc.kill)
+        killer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                kind = event.get("event")
+                if kind == "turn":
+                    records.append(TurnRecord.from_dict(event["record"]))
+                elif kind == "started":
+                    startup = event["startup_s"]
+                else:
+                    final = event
+                if on_event is not None:
+                    on_event(event)
+            proc.wait()
+        finally:
+            killer.cancel()
+    description = CONFIGS[name][1]
+    kind = final.get("event")
+    if kind == "missing":
+        return {"status": "missing", "reason": final["reason"], "description": description}, []
+    if kind != "done":
+        reason = final.get("reason") or (
+            f"worker exited with code {proc.returncode}"
+            + (f" (killed after {timeout_s:.0f} s)" if proc.returncode == -9 else ""))
+        return {"status": "error", "reason": reason, "description": description,
+                "log_tail": final.get("traceback") or _tail(log_path)}, records
+    figures: dict[str, Any] = {"status": "ok", "description": description}
+    figures.update(summarize(records, final["wall_s"]))
+    figures.update({"peak_rss_mb": final["peak_rss_mb"], "kv_pool_mb": final["kv_pool_mb"],
+                    "kv_held_mb": final["kv_held_mb"], "startup_s": startup,
+                    "by_turn": by_turn(records)})
+    return figures, records
+
+
+def run_chat(
+    *,
+    configs: tuple[str, ...] = DEFAULT_CONFIGS,
+    sessions: int = 4,
+    turns: int = 10,
+    max_tokens: int = 32,
+    system_tokens: int = 300,
+    long: bool = False,
+    document_tokens: int = 1500,
+    concurrent: bool = False,
+    model: str | None = None,
+    max_model_len: int = 4096,
+    kv_cache_gib: float = 1.0,
+    threads: int | None = None,
+    timeout_s: float = 1800.0,
+    progress: bool = True,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run the benchmark; returns the report and every turn's record (with its config name)."""
+    from suffixmem.config import DEFAULT_MODEL
+
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise ValueError(f"unknown configurations {unknown}; expected some of {list(CONFIGS)}")
+    model = model or DEFAULT_MODEL
+    machine = machine_info()
+    workload = build_workload(
+        sessions=sessions, turns=turns, max_tokens=max_tokens, system_tokens=system_tokens,
+        document_tokens=document_tokens if long else 0, count=token_counter(model),
+        mode="concurrent" if concurrent else "round_robin",
+    )
+    options = EngineOptions(model=model, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+                            max_tokens=max_tokens, threads=threads or os.cpu_count() or 1)
+    results: dict[str, dict[str, Any]] = {}
+    all_turns: list[dict[str, Any]] = []
+    per_config = sessions * turns
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn())
+    with tempfile.TemporaryDirectory(prefix="suffixmem-bench-chat-") as tmp, Progress(
+        *columns, console=err_console, disable=not progress, transient=False,
+    ) as bar:
+        task = bar.add_task("chat benchmark", total=per_config * len(configs))
+        for i, name in enumerate(configs):
+            bar.update(task, description=f"[{i + 1}/{len(configs)}] {name}: starting")
+            done = 0
+
+            def on_event(event: dict[str, Any], name: str = name, i: int = i) -> None:
+                nonlocal done
+                if event["event"] == "turn":
+                    done += 1
+                    r = event["record"]
+                    bar.update(task, advance=1, description=(
+                        f"[{i + 1}/{len(configs)}] {name}: session {r['session'] + 1} turn "
+                        f"{r['turn']} ttft {r['ttft_s'] * 1000:.0f} ms"))
+                elif event["event"] == "started":
+                    bar.update(task, description=(
+                        f"[{i + 1}/{len(configs)}] {name}: started in "
+                        f"{event['startup_s']:.0f} s"))
+
+            figures, records = run_one(name, workload, options, timeout_s=timeout_s,
+                                       on_event=on_event, log_dir=Path(tmp))
+            bar.update(task, advance=per_config - done)  # skipped or failed turns
+            results[name] = figures
+            all_turns += [{"config": name, **r.to_dict()} for r in records]
+            if figures["status"] != "ok":
+                bar.console.print(f"[yellow]{name}: {figures['status']}[/] — "
+                                  f"{figures['reason'].splitlines()[0]}")
+    add_ratios(results)
+    report = {
+        "configs": results,
+        "targets": evaluate_targets(results, workload.name),
+        "machine": machine,
+        "workload": {
+            "name": workload.name, "mode": workload.mode, "sessions": sessions, "turns": turns,
+            "max_tokens": max_tokens, "system_tokens": workload.system_tokens,
+            "document_tokens": workload.document_tokens, "model": model,
+            "max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib,
+            "threads": options.threads,
+        },
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    return report, all_turns
+
+
+def default_out_dir(base: Path, long: bool, concurrent: bool) -> Path:
+    """``results/chat/default``, ``results/chat/long``, with ``-concurrent`` when so run."""
+    return base / (("long" if long else "default") + ("-concurrent" if concurrent else ""))
+
+
+def register(bench: typer.Typer) -> None:
+    """Add ``suffixmem bench chat`` to the CLI's ``bench`` group."""
+
+    @bench.command("chat")
+    def chat(
+        configs: str = typer.Option(",".join(DEFAULT_CONFIGS),
+                                    help=f"Comma-separated subset of: {', '.join(CONFIGS)}."),
+        sessions: int = typer.Option(4, min=1, help="Sessions (S)."),
+        turns: int = typer.Option(10, min=1, help="Turns per session (T)."),
+        max_tokens: int = typer.Option(32, min=1, help="Reply length limit, tokens."),
+        system_tokens: int = typer.Option(300, min=0, help="System prompt size, tokens."),
+        long: bool = typer.Option(False, "--long",
+                                  help="Add a reference document after the system prompt."),
+        document_tokens: int = typer.Option(1500, min=1,
+                                            help="Reference document size with --long, tokens."),
+        concurrent: bool = typer.Option(False, "--concurrent",
+                                        help="One thread per session instead of round-robin."),
+        model: str | None = typer.Option(None, help="Model (default: suffixmem's default)."),
+        max_model_len: int = typer.Option(4096, help="Context window for every engine."),
+        kv_cache_gib: float = typer.Option(1.0, help="KV pool (GiB) for every engine."),
+        threads: int | None = typer.Option(None, help="CPU threads (default: all cores)."),
+        timeout: float = typer.Option(1800.0, help="Per-configuration time limit, seconds."),
+        out: str = typer.Option(str(DEFAULT_OUT),
+                                 help="Results folder; the report goes in OUT/<workload>."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    ) -> None:
+        """Multi-session multi-turn chat: suffixmem against naive recompute and peer engines."""
+        names = tuple(c.strip() for c in configs.split(",") if c.strip())
+        unknown = [c for c in names if c not in CONFIGS]
+        if unknown:
+            raise typer.BadParameter(f"unknown configurations {unknown}; "
+                                     f"expected some of {list(CONFIGS)}")
+        t0 = time.perf_counter()
+        report, turns_log = run_chat(
+            configs=names, sessions=sessions, turns=turns, max_tokens=max_tokens,
+            system_tokens=system_tokens, long=long, document_tokens=document_tokens,
+            concurrent=concurrent, model=model, max_model_len=max_model_len,
+            kv_cache_gib=kv_cache_gib, threads=threads, timeout_s=timeout,
+        )
+        folder = default_out_dir(Path(out), long, concurrent)
+        paths = write_report(report, folder, turns_log)
+        if as_json:
+            print(to_json(report))
+            return
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(markdown_table(report)))
+        err_console.print(f"[dim]{time.perf_counter() - t0:.0f} s; wrote "
+                          + ", ".join(str(p) for p in paths) + "[/]")

@@ -1,0 +1,164 @@
+"""The suffixmem configurations, and the registry of every configuration the benchmark knows.
+
+A suffixmem configuration is what a user runs: a ``ConversationManager`` over an engine, with a
+temporary SQLite database, greedy sampling (``temperature=0.0`` overrides the semantic
+temperature) and streaming through ``stream_chat``. The prompt ids the engine saw are recorded by
+wrapping the engine's ``stream`` (outside the timed path: the ids are copied, not re-rendered).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.peers import (
+    MIB,
+    ChatConfig,
+    EngineOptions,
+    LlamaCpp,
+    TransformersGenerate,
+    TurnOutcome,
+    VLLMHistory,
+    kv_bytes_per_token,
+    vllm_held_blocks,
+)
+
+
+class SuffixmemChat(ChatConfig):
+    """``ConversationManager`` + an engine (``vllm`` or ``torch``). ``segments`` asks the manager
+    for approximate segment reuse (``exact=False``) where it offers a switch for it."""
+
+    def __init__(self, name: str, engine: str, options: EngineOptions, *,
+                 segments: bool = False) -> None:
+        from suffixmem.conversation.manager import ConversationManager
+
+        from suffixmem.engine import create_engine
+
+        self.name = name
+        self.options = options
+        self.engine = create_engine(engine, model=options.model,
+                                    max_model_len=options.max_model_len,
+                                    kv_cache_gib=options.kv_cache_gib)
+        self._recorded = threading.local()
+        self._wrap_stream()
+        self._tmp = tempfile.TemporaryDirectory(prefix="suffixmem-bench-")
+        url = f"sqlite:///{Path(self._tmp.name) / 'bench.db'}"
+        self.manager = ConversationManager(self.engine, database_url=url,
+                                           config=manager_config(segments))
+        self.sessions: dict[int, str] = {}
+
+    def _wrap_stream(self) -> None:
+        inner: Callable[[Any], Iterator[Any]] = self.engine.stream
+        local = self._recorded
+        engine = self.engine
+
+        def stream(request: Any) -> Iterator[Any]:
+            if request.token_ids is not None:
+                local.prompt_ids = list(request.token_ids)
+            else:
+                local.prompt_ids = None
+                local.messages = request.messages
+            return inner(request)
+
+        def recorded_ids() -> list[int]:
+            ids = getattr(local, "prompt_ids", None)
+            return ids if ids is not None else engine.render(local.messages)
+
+        self.engine.stream = stream  # type: ignore[method-assign]
+        self._recorded_ids = recorded_ids
+
+    def open(self, session: int, system_prompt: str) -> None:
+        info = self.manager.open_session(None, title=f"bench session {session}",
+                                         system_prompt=system_prompt or None)
+        self.sessions[session] = info.id
+
+    def turn(self, session: int, text: str) -> TurnOutcome:
+        t0 = time.perf_counter()
+        ttft = 0.0
+        final: Any = None
+        for event in self.manager.stream_chat(self.sessions[session], text, temperature=0.0,
+                                              max_tokens=self.options.max_tokens):
+            if hasattr(event, "token_id"):
+                if not ttft and event.token_id >= 0:
+                    ttft = time.perf_counter() - t0
+            else:
+                final = event
+        latency = time.perf_counter() - t0
+        if final is None:
+            raise RuntimeError("stream_chat ended without a TurnResult")
+        result = final.result
+        return TurnOutcome(final.text, self._recorded_ids(), list(result.token_ids),
+                           final.cached_tokens, ttft or latency, latency, result.ttft_s)
+
+    def kv_memory(self) -> dict[str, float]:
+        stats = self.engine.stats()
+        held: float = float("nan")
+        if self.engine.name == "vllm":
+            blocks = vllm_held_blocks(self.engine)
+            if blocks is not None:
+                held = blocks * self.engine.block_size * kv_bytes_per_token(
+                    self.engine.model_path) / MIB
+        elif stats.kv_used_bytes:
+            held = stats.kv_used_bytes / MIB
+        return {"kv_pool_mb": stats.kv_capacity_bytes / MIB, "kv_held_mb": held}
+
+    def close(self) -> None:
+        try:
+            self.manager.close()
+        finally:
+            self.engine.close()
+            self._tmp.cleanup()
+
+
+def manager_config(segments: bool) -> Any:
+    """The manager's config with approximate segment reuse on or off; ``None`` (the manager's
+    default) when it has no such switch and none is asked for."""
+    if not segments:
+        return None
+    from suffixmem.conversation import manager as mgr
+
+    cls = getattr(mgr, "ManagerConfig", None)
+    if cls is None:
+        raise ModuleNotFoundError("suffixmem.conversation.manager has no ManagerConfig",
+                                  name="suffixmem.conversation.manager.ManagerConfig")
+    for field_name in ("exact", "segment_reuse", "approximate_reuse"):
+        if field_name in getattr(cls, "__dataclass_fields__", {}):
+            value = not segments if field_name == "exact" else segments
+            return cls(**{field_name: value})
+    raise ModuleNotFoundError("ManagerConfig has no switch for approximate segment reuse",
+                              name="suffixmem.conversation.manager.ManagerConfig.exact")
+
+
+# name -> (factory, what it is). Factories import their engine lazily; an ImportError while
+# building one means "not built / not installed here" and the configuration is reported missing.
+CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] = {
+    "naive": (lambda o: VLLMHistory("naive", o, prefix_caching=False),
+              "vLLM, prefix caching off: the whole history recomputed every turn"),
+    "suffixmem_vllm": (lambda o: SuffixmemChat("suffixmem_vllm", "vllm", o),
+                       "ConversationManager + embedded vLLM (prefix caching, per-session salt)"),
+    "suffixmem_torch": (lambda o: SuffixmemChat("suffixmem_torch", "torch", o),
+                        "ConversationManager + suffixmem's torch engine (prefix reuse)"),
+    "suffixmem_torch_segments": (
+        lambda o: SuffixmemChat("suffixmem_torch_segments", "torch", o, segments=True),
+        "ConversationManager + torch engine, prefix and segment reuse (exact=False)"),
+    "llamacpp": (LlamaCpp, "llama-cpp-python on the Q4_1 GGUF with LlamaRAMCache"),
+    "transformers": (TransformersGenerate,
+                     "transformers generate over the full history, bf16 (no reuse)"),
+    "vllm_direct": (lambda o: VLLMHistory("vllm_direct", o, prefix_caching=True),
+                    "vLLM with prefix caching, text history re-rendered, no suffixmem"),
+}
+DEFAULT_CONFIGS: tuple[str, ...] = tuple(CONFIGS)
+
+
+def build_config(name: str, options: EngineOptions) -> ChatConfig:
+    """Build configuration ``name`` (raises ``ImportError`` when it cannot exist here)."""
+    try:
+        factory, _ = CONFIGS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown configuration {name!r}; expected some of {list(CONFIGS)}") from None
+    return factory(options)

