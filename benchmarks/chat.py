@@ -69,6 +69,8 @@ def run_one(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # every engine gets the same number of threads (vLLM reads this, torch and OpenMP too)
+    env["OMP_NUM_THREADS"] = str(options.threads)
     records: list[TurnRecord] = []
     final: dict[str, Any] = {}
     startup = float("nan")

@@ -35,7 +35,6 @@ class SuffixmemChat(ChatConfig):
     def __init__(self, name: str, engine: str, options: EngineOptions, *,
                  segments: bool = False) -> None:
         from suffixmem.conversation.manager import ConversationManager
-
         from suffixmem.engine import create_engine
 
         self.name = name
@@ -102,8 +101,10 @@ class SuffixmemChat(ChatConfig):
             if blocks is not None:
                 held = blocks * self.engine.block_size * kv_bytes_per_token(
                     self.engine.model_path) / MIB
-        elif stats.kv_used_bytes:
-            held = stats.kv_used_bytes / MIB
+        elif stats.extra.get("kv_blocks") and "kv_blocks_cached" in stats.extra:
+            # the torch engine: cached (reusable) blocks times the bytes of one block
+            block_bytes = stats.kv_capacity_bytes / stats.extra["kv_blocks"]
+            held = stats.extra["kv_blocks_cached"] * block_bytes / MIB
         return {"kv_pool_mb": stats.kv_capacity_bytes / MIB, "kv_held_mb": held}
 
     def close(self) -> None:
