@@ -1,0 +1,162 @@
+"""The torch engine's segment-reuse hook: segment cache + placement + blend.
+
+``SegmentReuseHook.install(engine)`` sets ``engine.reuse``. From then on, for every request with
+``segments`` and ``exact=False`` (the engine calls nothing for exact requests, so they never
+approximate), in the engine's driver thread:
+
+- ``apply``: each marked segment (overlaps resolved by ``anchors.merge_segments``) lying after
+  the prefix-cache hit is looked up in the ``SegmentCache`` (the request's session namespace,
+  then the global one for shared segments). Hits are placed at their new positions
+  (``placement.place_segments``: RoPE re-rotation, first-k and top-r recompute); the engine
+  then prefills only what remains. ``Result.reused_segment_tokens`` counts the reused tokens
+  (they are part of ``cached_tokens``), ``recomputed_tokens`` the segment tokens recomputed.
+- ``after_prefill``: segments that missed are stored: the cache takes a reference on the
+  sequence's blocks that hold them (zero copy), keys rotated for their positions in this prompt.
+
+The cache's block budget defaults to a quarter of the engine's pool so that cached segments never
+starve running requests. ``release_session`` (a topic jump, a session's end) may be called from
+any thread: it runs in the driver thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from suffixmem.engine.protocol import Request, Segment
+from suffixmem.engine.reuse.anchors import merge_segments
+from suffixmem.engine.reuse.blend import BlendConfig
+from suffixmem.engine.reuse.placement import SegmentSource, place_segments
+from suffixmem.engine.reuse.segment_cache import (
+    SegmentCache,
+    SegmentCacheConfig,
+    SegmentCacheStats,
+    SegmentFeatures,
+    SegmentHit,
+    ValueScorer,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from suffixmem.engine.torch.engine import TorchEngine
+    from suffixmem.engine.torch.reuse_hook import ReuseOutcome
+    from suffixmem.engine.torch.sequence import Sequence
+
+DEFAULT_BUDGET_SHARE = 0.25
+"""Share of the engine's KV blocks the segment cache may hold when no budget is given."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Store:
+    segment: Segment
+
+
+class SegmentReuseHook:
+    """Implements the torch engine's ``ReuseHook`` (``apply``) and ``after_prefill``."""
+
+    def __init__(
+        self,
+        cache: SegmentCache,
+        blend: BlendConfig | None = None,
+        engine: TorchEngine | None = None,
+    ) -> None:
+        self.cache = cache
+        self.blend = blend or BlendConfig()
+        self.engine = engine
+        self._stores: dict[str, list[_Store]] = {}
+        self.requests = 0
+        self.segments_seen = 0
+        self.segments_reused = 0
+
+    @classmethod
+    def install(
+        cls,
+        engine: TorchEngine,
+        blend: BlendConfig | None = None,
+        cache_config: SegmentCacheConfig | None = None,
+        scorer: ValueScorer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> SegmentReuseHook:
+        """Create a hook over ``engine``'s block pool and set it as ``engine.reuse``."""
+        if cache_config is None:
+            budget = max(1, int(engine.block_pool.num_blocks * DEFAULT_BUDGET_SHARE))
+            cache_config = SegmentCacheConfig(max_blocks=budget)
+        blend = blend or BlendConfig()
+        if blend.needs_check and blend.check_layers[-1] >= engine.model.config.num_layers:
+            raise ValueError(
+                f"check layer {blend.check_layers[-1]} does not exist: the model has "
+                f"{engine.model.config.num_layers} layers"
+            )
+        cache = SegmentCache(engine.block_pool, cache_config, scorer=scorer, clock=clock)
+        hook = cls(cache, blend, engine)
+        engine.reuse = hook
+        return hook
+
+    # -- the engine's calls (driver thread) -----------------------------------------------------
+    def apply(self, engine: TorchEngine, seq: Sequence, request: Request) -> ReuseOutcome:
+        """Place cached segments of ``seq``'s prompt; return the positions left to compute."""
+        from suffixmem.engine.torch.reuse_hook import ReuseOutcome
+
+        self.cache.evict_expired()
+        self.requests += 1
+        n = seq.num_prompt_tokens
+        prompt = seq.token_ids[:n]
+        num_cached = seq.num_computed
+        sources: list[SegmentSource] = []
+        stores: list[_Store] = []
+        for s in merge_segments(request.segments, n):
+            self.segments_seen += 1
+            ids = prompt[s.start:s.end]
+            hit = None if s.start < num_cached else self.cache.lookup(request.session_key, ids)
+            if hit is None:
+                if not self.cache.contains(request.session_key, ids):
+                    stores.append(_Store(s))
+                continue
+            self.segments_reused += 1
+            sources.append(SegmentSource(s.start, self._slots(engine, hit), hit.origin_start))
+        self._stores[seq.seq_id] = stores
+        placement = place_segments(engine.runner, seq.block_table, prompt, num_cached, sources,
+                                   self.blend)
+        return ReuseOutcome(placement.compute_positions, len(placement.reused_positions),
+                            placement.recomputed)
+
+    def after_prefill(self, engine: TorchEngine, seq: Sequence, request: Request) -> None:
+        """Store the segments that missed; their K/V now sit in ``seq``'s blocks."""
+        stores = self._stores.pop(seq.seq_id, None)
+        n = seq.num_prompt_tokens
+        if stores is None:  # re-prefilled exactly (after preemption): every uncached segment
+            stores = [_Store(s) for s in merge_segments(request.segments, n)]
+        bs = engine.block_size
+        for st in stores:
+            s = st.segment
+            ids = seq.token_ids[s.start:s.end]
+            if self.cache.contains(request.session_key, ids):
+                continue
+            blocks = seq.block_table[s.start // bs:(s.end - 1) // bs + 1]
+            features = SegmentFeatures(
+                num_tokens=len(ids), kind=s.kind, shared=s.shared, position=s.start,
+                prompt_tokens=n,
+            )
+            self.cache.put(request.session_key, ids, blocks, s.start % bs, s.start,
+                           kind=s.kind, shared=s.shared, features=features)
+
+    # -- other threads --------------------------------------------------------------------------
+    def release_session(self, session_key: str) -> int:
+        """Drop the session's own segments (shared ones stay); returns how many. Safe from any
+        thread: the work runs in the engine's driver thread."""
+        if self.engine is None:
+            return self.cache.release_session(session_key)
+        return self.engine.run_in_driver(lambda _e: self.cache.release_session(session_key))
+
+    def stats(self) -> SegmentCacheStats:
+        return self.cache.stats()
+
+    # -- internals ------------------------------------------------------------------------------
+    @staticmethod
+    def _slots(engine: TorchEngine, hit: SegmentHit) -> tuple[int, ...]:
+        bs = engine.block_size
+        return tuple(
+            hit.block_ids[(hit.offset + i) // bs] * bs + (hit.offset + i) % bs
+            for i in range(hit.num_tokens)
+        )
