@@ -29,8 +29,8 @@ from benchmarks.peers import (
 
 
 class SuffixmemChat(ChatConfig):
-    """``ConversationManager`` + an engine (``vllm`` or ``torch``). ``segments`` asks the manager
-    for approximate segment reuse (``exact=False``) where it offers a switch for it."""
+    """``ConversationManager`` + an engine (``vllm`` or ``torch``). ``segments`` installs the
+    torch engine's segment cache and asks the manager for approximate reuse (``exact=False``)."""
 
     def __init__(self, name: str, engine: str, options: EngineOptions, *,
                  segments: bool = False) -> None:
@@ -42,6 +42,8 @@ class SuffixmemChat(ChatConfig):
         self.engine = create_engine(engine, model=options.model,
                                     max_model_len=options.max_model_len,
                                     kv_cache_gib=options.kv_cache_gib)
+        if segments:
+            install_segment_reuse(self.engine)
         self._recorded = threading.local()
         self._wrap_stream()
         self._tmp = tempfile.TemporaryDirectory(prefix="suffixmem-bench-")
@@ -113,6 +115,17 @@ class SuffixmemChat(ChatConfig):
         finally:
             self.engine.close()
             self._tmp.cleanup()
+
+
+def install_segment_reuse(engine: Any) -> None:
+    """Give the torch engine its segment cache (``SegmentReuseHook``) unless it has one."""
+    if engine.name != "torch":
+        raise ModuleNotFoundError(f"segment reuse needs the torch engine, not {engine.name!r}",
+                                  name="suffixmem.engine.reuse.hook")
+    if getattr(engine, "reuse", None) is None:
+        from suffixmem.engine.reuse.hook import SegmentReuseHook
+
+        SegmentReuseHook.install(engine)
 
 
 def manager_config(segments: bool) -> Any:
