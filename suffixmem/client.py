@@ -179,6 +179,14 @@ class TokenMemory:
                 self._entries.move_to_end(key)
             return ids
 
+    def forget(self, session_id: str) -> int:
+        """Drop the session's replies (e.g. when it is deleted); returns how many."""
+        with self._lock:
+            keys = [k for k in self._entries if k[0] == session_id]
+            for k in keys:
+                del self._entries[k]
+            return len(keys)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
@@ -435,12 +443,19 @@ def write_history(
     """Append ``messages`` to the session in one transaction, creating the session first when
     ``create`` (otherwise an unknown session raises ``UnknownSessionError``)."""
     from suffixmem.conversation.store import NewMessage
+    from suffixmem.tokens import TokenCounter
 
+    counter = TokenCounter()  # no engine here: tiktoken's estimate, as the manager would
+    rows = [
+        NewMessage(
+            m.role, m.content, m.token_ids,
+            len(m.token_ids) if m.token_ids is not None else counter.count(m.content),
+        )
+        for m in messages
+    ]
     if create:
         store.open_session(session_id)
-    store.append_messages(
-        session_id, [NewMessage(m.role, m.content, m.token_ids) for m in messages]
-    )
+    store.append_messages(session_id, rows)
 
 
 def replace_history(

@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
+from lc_setup import MODEL_PARAMS
 
 from integrations.langchain import SuffixMemChatModel
-
-from conftest import MODEL_PARAMS
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
