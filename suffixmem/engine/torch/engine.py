@@ -109,7 +109,8 @@ class TorchEngine(BaseEngine):
         self.kv_pool = KVPool.from_budget(budget, mc.num_layers, mc.num_kv_heads, mc.head_dim,
                                           self.block_size, self.dtype)
         self.block_pool = BlockPool(self.kv_pool.num_blocks, self.block_size)
-        self.runner = ModelRunner(self.model, self.kv_pool, config.max_model_len)
+        self.runner = ModelRunner(self.model, self.kv_pool, config.max_model_len,
+                                  exact_decode=bool(config.extra.get("exact_decode", False)))
         self.prefill_chunk = config.max_num_batched_tokens or DEFAULT_PREFILL_CHUNK
         self.scheduler = Scheduler(self.block_pool, config.max_num_seqs, self.prefill_chunk,
                                    config.enable_prefix_caching)

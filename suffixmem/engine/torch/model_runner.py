@@ -9,7 +9,11 @@ already hold K/V (cached prefix, reused segment) or be computed in this call.
 
 Decode steps (one token per sequence, at the end of its context) take a batched path: the
 sequences' blocks are gathered into one padded ``[B, T, KV, D]`` tensor per layer and one SDPA
-call with a padding mask serves them all.
+call with a padding mask serves them all. That call packs the query heads that share a KV head
+as rows (an MQA-shaped call): on CPU it is ~8x faster than ``enable_gqa`` with one query row,
+but its bf16 rounding differs from transformers' decode in the last bit. ``exact_decode=True``
+makes the same per-sequence ``enable_gqa`` call as transformers (bit-identical bf16 greedy
+decoding, slower attention).
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class RunOutput:
 class ModelRunner:
     """Runs ``Llama`` over a ``KVPool``. Owned by one thread (the engine's driver)."""
 
-    def __init__(self, model: Llama, kv_pool: KVPool, max_positions: int) -> None:
+    def __init__(self, model: Llama, kv_pool: KVPool, max_positions: int,
+                 exact_decode: bool = False) -> None:
         self.model = model
+        self.exact_decode = exact_decode
         self.kv_pool = kv_pool
         self.block_size = kv_pool.block_size
         self.rope = RopeTable(model.config.head_dim, model.config.rope_theta, max_positions,
@@ -153,8 +159,14 @@ class ModelRunner:
             kc, vc = pool.gather(layer, table)  # [B, nb*bs, KV, D]
             kc = kc[:, :ctx].transpose(1, 2)  # [B, KV, T, D]
             vc = vc[:, :ctx].transpose(1, 2)
-            # the query heads of one KV head become rows of an MQA-shaped call
-            qp = q.reshape(batch, c.num_kv_heads, c.n_rep, c.head_dim)
-            out = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=mask)
+            if self.exact_decode:
+                out = torch.cat([F.scaled_dot_product_attention(
+                    q[b][:, None, :][None],  # [1, H, 1, D]
+                    kc[b:b + 1, :, :s.context_len], vc[b:b + 1, :, :s.context_len],
+                    enable_gqa=True).reshape(1, -1) for b, s in enumerate(inputs)])
+            else:
+                # the query heads of one KV head become rows of an MQA-shaped call
+                qp = q.reshape(batch, c.num_kv_heads, c.n_rep, c.head_dim)
+                out = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=mask)
             h = m.finish(layer, h, out.reshape(batch, c.num_heads * c.head_dim))
         return m.logits(h).float()

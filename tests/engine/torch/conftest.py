@@ -1,0 +1,80 @@
+"""Fixtures for the torch engine: a tiny random Llama built here (fast, exact references) and
+the real model loaded once per session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+def tiny_hf_config(**overrides: Any) -> Any:
+    from transformers import LlamaConfig
+
+    args: dict[str, Any] = dict(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, attn_implementation="sdpa",
+    )
+    args.update(overrides)
+    return LlamaConfig(**args)
+
+
+def build_tiny(seed: int = 0, **overrides: Any) -> tuple[Any, Any]:
+    """A random transformers ``LlamaForCausalLM`` (fp32, eval) and our ``Llama`` on its
+    weights. The weights are scaled up so that attention is far from uniform."""
+    from transformers import LlamaForCausalLM
+
+    from suffixmem.engine.torch.llama import Llama, ModelConfig
+
+    torch.manual_seed(seed)
+    hf = LlamaForCausalLM(tiny_hf_config(**overrides)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, 0.15)
+    ours = Llama.from_state_dict(ModelConfig.from_hf(hf.config.to_dict()), hf.state_dict(),
+                                 torch.float32)
+    return hf, ours
+
+
+@pytest.fixture(scope="session")
+def make_tiny() -> Callable[..., tuple[Any, Any]]:
+    """``make_tiny(seed=0, **llama_config_overrides) -> (hf_model, our_llama)``."""
+    return build_tiny
+
+
+@pytest.fixture(scope="session")
+def tiny() -> tuple[Any, Any]:
+    return build_tiny()
+
+
+@pytest.fixture(scope="session")
+def real_fp32(model_path: Path) -> Any:
+    from suffixmem.engine.torch.llama import Llama
+
+    return Llama.from_pretrained(model_path, torch.float32)
+
+
+GREEDY_PROMPT = "Tell me a long story about a lighthouse keeper."
+GREEDY_TOKENS = 200
+
+
+@pytest.fixture(scope="session")
+def hf_bf16_greedy(model_path: Path, tokenizer: Any) -> tuple[list[int], list[int]]:
+    """transformers' own bf16 greedy continuation (``generate``, KV cache): ``(prompt ids,
+    200 generated ids)``. Computed once per session; it is the reference for bf16 tests."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).eval()
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": GREEDY_PROMPT}], add_generation_prompt=True,
+        tokenize=True, return_dict=False)
+    with torch.inference_mode():
+        gen = hf.generate(torch.tensor(prompt)[None], max_new_tokens=GREEDY_TOKENS,
+                          min_new_tokens=GREEDY_TOKENS, do_sample=False)[0]
+    return list(prompt), gen[len(prompt):].tolist()
