@@ -6,6 +6,13 @@
 - ``SuffixMemChatMessageHistory``: chat history in suffixmem's SQL conversation store.
 """
 
+try:
+    import langchain_core  # noqa: F401
+except ImportError as e:  # say how to get it, not just what is missing
+    raise ImportError(
+        "suffixmem's LangChain adapters need LangChain: pip install 'suffixmem[langchain]'"
+    ) from e
+
 from integrations.langchain.chat_message_histories import SuffixMemChatMessageHistory
 from integrations.langchain.chat_models import SuffixMemChatModel
 from integrations.langchain.llms import SuffixMemLLM
