@@ -60,6 +60,7 @@ __all__ = [
     "schema_instruction",
     "stream",
     "token_memory",
+    "unregister_engine",
     "usage",
     "write_history",
 ]
@@ -118,6 +119,16 @@ def register_engine(
         if current is not None and current is not engine:
             raise ConfigError(f"another {key[0]!r} engine is already registered for that config")
         _engines[key] = engine
+
+
+def unregister_engine(engine: Engine) -> bool:
+    """Forget ``engine`` (without closing it): ``get_engine`` builds a new one next time.
+    Returns whether it was registered."""
+    with _registry_lock:
+        keys = [k for k, e in _engines.items() if e is engine]
+        for k in keys:
+            del _engines[k]
+    return bool(keys)
 
 
 def close_engines() -> None:

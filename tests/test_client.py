@@ -42,8 +42,8 @@ def test_registry_shares_one_engine_per_config() -> None:
         with pytest.raises(ConfigError, match="either config or keyword options"):
             client.get_engine("vllm", EngineConfig(), max_model_len=123)
     finally:
-        key = client._key("vllm", EngineConfig(max_model_len=123, kv_cache_gib=0.25))
-        client._engines.pop(key)
+        assert client.unregister_engine(engine)  # type: ignore[arg-type]
+    assert not client.unregister_engine(engine)  # type: ignore[arg-type]
 
 
 def test_close_engines_closes_and_forgets() -> None:

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lc_setup import ENGINE_OPTIONS
+from lc_setup import ENGINE_OPTIONS, TORCH_OPTIONS
 
 from suffixmem import client
 from suffixmem.config import DEFAULT_MODEL
@@ -18,3 +19,13 @@ def shared_engine(vllm_engine: Any) -> Any:
     ``lc_setup.MODEL_PARAMS``."""
     client.register_engine(vllm_engine, "vllm", model=DEFAULT_MODEL, **ENGINE_OPTIONS)
     return vllm_engine
+
+
+@pytest.fixture(scope="session")
+def torch_engine() -> Iterator[Any]:
+    """suffixmem's own torch engine, started through the registry (``lc_setup.TORCH_PARAMS``)
+    and closed at the end."""
+    engine = client.get_engine("torch", model=DEFAULT_MODEL, **TORCH_OPTIONS)
+    yield engine
+    client.unregister_engine(engine)
+    engine.close()
