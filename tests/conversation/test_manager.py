@@ -1,0 +1,278 @@
+"""ConversationManager on the real embedded vLLM engine: atomic turns under injected failures and
+cancellation, exact re-rendering of assistant turns, concurrency, bad input, topic jumps."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from suffixmem.conversation.manager import (
+    ConversationManager,
+    ManagerConfig,
+    SessionInfo,
+    TurnResult,
+)
+from suffixmem.conversation.topic import Featurizer, TopicConfig, TopicDetector
+from suffixmem.engine.protocol import Message, Request, Result, TokenEvent
+from suffixmem.errors import (
+    ContextWindowError,
+    InvalidRequestError,
+    StoreError,
+    UnknownSessionError,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+GREEDY = {"temperature": 0.0, "max_tokens": 12}
+
+
+class Injected(RuntimeError):
+    pass
+
+
+class FlakyEngine:
+    """The real engine, wrapped: ``fail_after`` tokens into the next stream it raises (once);
+    ``release_session`` calls are recorded."""
+
+    def __init__(self, engine: Any) -> None:
+        self.inner = engine
+        self.fail_after: int | None = None
+        self.released: list[str] = []
+        self.requests: list[Request] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def release_session(self, session_key: str) -> None:
+        self.released.append(session_key)
+
+    def stream(self, request: Request) -> Iterator[TokenEvent | Result]:
+        self.requests.append(request)
+        events = self.inner.stream(request)
+        fail_after, self.fail_after = self.fail_after, None
+        return self._wrap(events, fail_after)
+
+    def _wrap(self, events: Iterator[TokenEvent | Result],
+              fail_after: int | None) -> Iterator[TokenEvent | Result]:
+        n = 0
+        try:
+            for e in events:
+                if fail_after is not None and isinstance(e, TokenEvent):
+                    if n == fail_after:
+                        raise Injected(f"engine failed after {n} tokens")
+                    n += 1
+                yield e
+        finally:
+            events.close()  # type: ignore[attr-defined]
+
+
+def _detector() -> TopicDetector:
+    # threshold rule on a small background: enough for an unmistakable jump
+    return TopicDetector(TopicConfig(threshold=0.12), Featurizer().fit([
+        "the cat sat on the mat", "python lists and dictionaries", "a recipe for bread",
+    ]))
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_engine: Any) -> FlakyEngine:
+    return FlakyEngine(vllm_engine)
+
+
+@pytest.fixture(scope="module")
+def manager(engine: FlakyEngine, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[ConversationManager]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('mgr') / 'm.db'}"
+    mgr = ConversationManager(engine, url, ManagerConfig(
+        system_prompt="You are a helpful assistant.", topic_detector=_detector()))
+    yield mgr
+    mgr.close()
+
+
+def _snapshot(mgr: ConversationManager, sid: str) -> tuple[Any, ...]:
+    info = mgr.get_session(sid)
+    return (mgr.history(sid), info.temperature, info.message_count, mgr.stats(sid)["turns"])
+
+
+def test_turn_is_committed_with_generated_ids(manager: ConversationManager,
+                                              engine: FlakyEngine) -> None:
+    info = manager.open_session("basic", title="t")
+    assert isinstance(info, SessionInfo) and info.temperature == 0.8
+    assert manager.open_session("basic", title="other").title == "t"
+    t1 = manager.chat("basic", "What is the capital of France?", **GREEDY)
+    assert isinstance(t1, TurnResult) and t1.text and not t1.topic_jump
+    hist = manager.history("basic")
+    assert [m.role for m in hist] == ["user", "assistant"]
+    assert hist[0].content == "What is the capital of France?"
+    assert hist[1].content == t1.text
+    assert hist[1].token_ids == t1.result.token_ids
+    p1 = engine.requests[-1].token_ids
+    t2 = manager.chat("basic", "And of Italy?", **GREEDY)
+    p2 = engine.requests[-1].token_ids
+    assert p1 is not None and p2 is not None
+    # the second prompt repeats the first and the generated ids verbatim: append-only
+    assert tuple(p2[:len(p1) + len(t1.result.token_ids)]) == tuple(p1) + t1.result.token_ids
+    assert t2.cached_tokens > 0 and t2.cached_tokens <= t2.prompt_tokens
+    stats = manager.stats("basic")
+    assert stats["turns"] == 2 and stats["prompt_tokens"] == t1.prompt_tokens + t2.prompt_tokens
+    seg = engine.requests[-1].segments[0]
+    assert seg.kind == "system_tail" and seg.start == 0 and seg.shared
+
+
+def test_semantic_temperature_is_used_when_not_given(manager: ConversationManager) -> None:
+    manager.open_session("temp")
+    t = manager.chat("temp", "Tell me about the python programming language.", max_tokens=6,
+                     seed=1)
+    assert t.temperature == 0.8 and t.result.finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("fail_after", [0, 3])
+def test_engine_failure_leaves_history_unchanged(manager: ConversationManager,
+                                                 engine: FlakyEngine, fail_after: int) -> None:
+    sid = f"fail{fail_after}"
+    manager.open_session(sid)
+    manager.chat(sid, "Name a colour.", **GREEDY)
+    before = _snapshot(manager, sid)
+    engine.fail_after = fail_after
+    with pytest.raises(Injected):
+        manager.chat(sid, "Name another colour.", temperature=0.0, max_tokens=12,
+                     ignore_eos=True)
+    assert _snapshot(manager, sid) == before
+    # streaming: the tokens before the failure were seen, yet nothing is stored
+    engine.fail_after = fail_after
+    seen = []
+    with pytest.raises(Injected):
+        for ev in manager.stream_chat(sid, "And another?", temperature=0.0, max_tokens=12,
+                                      ignore_eos=True):
+            seen.append(ev)
+    assert len(seen) == fail_after and all(isinstance(e, TokenEvent) for e in seen)
+    assert _snapshot(manager, sid) == before
+    manager.chat(sid, "One more colour?", **GREEDY)  # the session still works
+    assert len(manager.history(sid)) == 4
+
+
+def test_cancelled_stream_leaves_history_unchanged(manager: ConversationManager) -> None:
+    manager.open_session("cancel")
+    before = _snapshot(manager, "cancel")
+    stream = manager.stream_chat("cancel", "Count from one to twenty.", temperature=0.0,
+                                 max_tokens=40, ignore_eos=True)
+    for i, ev in enumerate(stream):
+        assert isinstance(ev, TokenEvent)
+        if i == 2:
+            break
+    stream.close()  # type: ignore[attr-defined]
+    assert _snapshot(manager, "cancel") == before
+    events = list(manager.stream_chat("cancel", "Count to three.", **GREEDY))
+    assert isinstance(events[-1], TurnResult)
+    assert all(isinstance(e, TokenEvent) for e in events[:-1])
+    assert len(manager.history("cancel")) == 2
+
+
+def test_bad_input_is_rejected_and_changes_nothing(manager: ConversationManager) -> None:
+    manager.open_session("bad")
+    manager.chat("bad", "Hello!", **GREEDY)
+    before = _snapshot(manager, "bad")
+    with pytest.raises(UnknownSessionError):
+        manager.chat("no-such-session", "hi")
+    with pytest.raises(UnknownSessionError):
+        manager.history("no-such-session")
+    for empty in ("", "   \n"):
+        with pytest.raises(InvalidRequestError):
+            manager.chat("bad", empty)
+    with pytest.raises(ContextWindowError):
+        manager.chat("bad", "word " * 5000, max_tokens=8)
+    with pytest.raises(InvalidRequestError):
+        manager.chat("bad", "hi", colour="red")
+    with pytest.raises(InvalidRequestError):
+        manager.chat("bad", "hi", max_tokens=0)
+    with pytest.raises(InvalidRequestError):
+        manager.append_messages("bad", ["not a message"])  # type: ignore[list-item]
+    assert _snapshot(manager, "bad") == before
+
+
+def test_unreachable_database(engine: FlakyEngine, tmp_path: Path) -> None:
+    with pytest.raises(StoreError):
+        ConversationManager(engine, f"sqlite:///{tmp_path / 'no' / 'such' / 'dir.db'}")
+    with pytest.raises(StoreError):
+        ConversationManager(engine, "postgresql+psycopg://x@127.0.0.1:1/none")
+
+
+def test_concurrent_turns_lose_nothing(manager: ConversationManager) -> None:
+    for s in ("c0", "c1", "c2"):
+        manager.open_session(s)
+    errors: list[BaseException] = []
+
+    def talk(sid: str, tag: str) -> None:
+        try:
+            for i in range(2):
+                manager.chat(sid, f"Say the word {tag}{i}.", temperature=0.0, max_tokens=4)
+        except BaseException as e:
+            errors.append(e)
+
+    jobs = [("c0", "a"), ("c1", "b"), ("c2", "c"), ("c2", "d")]  # c2 has two writers
+    threads = [threading.Thread(target=talk, args=j) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(manager.history("c0")) == 4 and len(manager.history("c1")) == 4
+    hist = manager.history("c2")
+    assert len(hist) == 8
+    users = sorted(m.content for m in hist if m.role == "user")
+    assert users == sorted(f"Say the word {t}{i}." for t in "cd" for i in range(2))
+    assert [m.role for m in hist] == ["user", "assistant"] * 4
+
+
+def test_fork_append_clear_delete(manager: ConversationManager, engine: FlakyEngine) -> None:
+    manager.open_session("orig", system_prompt="Be brief.")
+    manager.append_messages("orig", [Message("user", "Hi"), Message("assistant", "Hello!")])
+    fork = manager.fork_session("orig", "forked")
+    assert fork.message_count == 2 and fork.system_prompt == "Be brief."
+    manager.chat("forked", "How are you?", **GREEDY)
+    assert len(manager.history("orig")) == 2 and len(manager.history("forked")) == 4
+    ids = [s.id for s in manager.list_sessions()]
+    assert ids.index("forked") < ids.index("orig")  # most recently active first
+    manager.clear_history("forked")
+    assert manager.history("forked") == [] and "forked" in engine.released
+    manager.delete_session("forked")
+    with pytest.raises(UnknownSessionError):
+        manager.get_session("forked")
+
+
+def test_topic_jump_lowers_temperature_and_releases(manager: ConversationManager,
+                                                    engine: FlakyEngine) -> None:
+    manager.open_session("topic")
+    engine.released.clear()
+    a = manager.chat("topic", "How do I sort a list of numbers in Python?", **GREEDY)
+    b = manager.chat("topic", "How do I sort a list of strings in Python by length?", **GREEDY)
+    assert not a.topic_jump and not b.topic_jump and b.similarity is not None
+    c = manager.chat("topic", "Wie backe ich einen Schokoladenkuchen mit Kirschen?",
+                     max_tokens=6, seed=0)
+    assert c.topic_jump and c.temperature == 0.3
+    assert engine.released == ["topic"]
+    assert manager.get_session("topic").temperature == 0.3
+    d = manager.chat("topic", "Wie lange backe ich den Schokoladenkuchen mit Kirschen?",
+                     max_tokens=6, seed=0)
+    assert not d.topic_jump and d.temperature == pytest.approx(0.4)
+    assert manager.stats("topic")["topic_jumps"] == 1
+
+
+def test_context_blocks_are_marked_and_not_stored(manager: ConversationManager,
+                                                  engine: FlakyEngine) -> None:
+    manager.open_session("ctx")
+    doc = "The Zorblax festival is held every March in the town of Quimby."
+    t = manager.chat("ctx", "When is the Zorblax festival?", context=[doc], **GREEDY)
+    req = engine.requests[-1]
+    segs = [s for s in req.segments if s.kind == "document"]
+    assert len(segs) == 1
+    assert list(req.token_ids[segs[0].start:segs[0].end]) == engine.tokenize(doc)  # type: ignore[index]
+    assert manager.history("ctx")[0].content == "When is the Zorblax festival?"
+    assert t.text
+
+
+def _sequence(xs: Sequence[Any]) -> list[Any]:
+    return list(xs)
