@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DEFAULT_BUDGET_SHARE = 0.25
 """Share of the engine's KV blocks the segment cache may hold when no budget is given."""
+MAX_PENDING_STORES = 1024
+"""Bound on remembered store plans (a sequence that fails between apply and prefill leaves one)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,6 +117,8 @@ class SegmentReuseHook:
                 continue
             self.segments_reused += 1
             sources.append(SegmentSource(s.start, self._slots(engine, hit), hit.origin_start))
+        if len(self._stores) >= MAX_PENDING_STORES:  # sequences that failed before prefill
+            self._stores.pop(next(iter(self._stores)))
         self._stores[seq.seq_id] = stores
         placement = place_segments(engine.runner, seq.block_table, prompt, num_cached, sources,
                                    self.blend)

@@ -1,0 +1,84 @@
+"""``suffixmem bench segments``: prompt construction, metrics, default choice, registration, and
+the quality harness on the real model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import typer
+
+from suffixmem.bench import segments as bench
+
+
+@pytest.fixture(scope="module")
+def encode(tokenizer):  # type: ignore[no-untyped-def]
+    return lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_prompts_are_real_text_with_reused_segments_at_new_positions(encode) -> None:  # type: ignore[no-untyped-def]
+    prompts = bench.build_prompts(encode, count=3, seed=1)
+    assert len(prompts) == 3
+    for p in prompts:
+        assert len(p.segments) == len(p.fill_segments) == 2
+        for (a, b), (fa, fb) in zip(p.segments, p.fill_segments, strict=True):
+            assert p.ids[a:b] == p.fill_ids[fa:fb]  # the same tokens ...
+        assert p.segments[0][0] != p.fill_segments[0][0]  # ... behind a different prefix
+        assert p.ids[: p.segments[0][0]] != p.fill_ids[: p.fill_segments[0][0]]
+        assert p.ids[p.segments[-1][1]:] != p.fill_ids[p.fill_segments[-1][1]:]  # question
+        assert p.segment_share >= bench.GATE_SHARE
+    # different seeds, different text
+    other = bench.build_prompts(encode, count=1, seed=2)[0]
+    assert other.ids != prompts[0].ids
+
+
+def test_compare_metrics() -> None:
+    ref = torch.tensor([[5.0, 0.0, 0.0], [0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])
+    assert bench._compare(ref, ref) == (0.0, 1.0, 1.0)
+    got = ref.clone()
+    got[2] = torch.tensor([0.0, 6.0, 5.0])  # step 2 disagrees
+    kl, top1, free = bench._compare(ref, got)
+    assert kl > 0 and top1 == 0.75 and free == 0.5
+
+
+def row(k: int, r: float, kl: float, top1: float, speed: float) -> dict:
+    return {"k": k, "r": r, "mean_kl": kl, "top1_agreement": top1, "ttft_speedup": speed}
+
+
+def test_choose_defaults_takes_the_most_accurate_setting_with_speed_to_spare() -> None:
+    grid = [row(0, 0.0, 0.2, 0.9, 4.0), row(4, 0.0, 0.04, 0.96, 3.0),
+            row(16, 0.0, 0.01, 0.97, 2.5), row(16, 0.15, 0.01, 0.98, 2.1),
+            row(32, 0.3, 0.01, 0.99, 1.5)]
+    best, passed = bench.choose_defaults(grid)
+    assert passed and (best["k"], best["r"]) == (16, 0.0)  # 2.1x passes but has no margin
+    tight = [row(4, 0.0, 0.04, 0.96, 2.2), row(16, 0.15, 0.01, 0.98, 2.1)]
+    best, passed = bench.choose_defaults(tight)
+    assert passed and best["k"] == 4  # no setting has the margin: the fastest passing one
+    slow = [row(32, 0.3, 0.01, 0.99, 1.5), row(16, 0.0, 0.01, 0.97, 1.8)]
+    best, passed = bench.choose_defaults(slow)
+    assert not passed and best["k"] == 16  # quality kept, fastest of those
+    bad = [row(0, 0.0, 0.2, 0.9, 4.0), row(4, 0.0, 0.1, 0.93, 3.0)]
+    best, passed = bench.choose_defaults(bad)
+    assert not passed and best["k"] == 4
+
+
+def test_bench_command_is_registered() -> None:
+    app = typer.Typer()
+    bench.register(app)
+    names = [c.name for c in app.registered_commands]
+    assert names == ["segments"]
+    params = app.registered_commands[0].callback.__code__.co_varnames  # type: ignore[union-attr]
+    assert "as_json" in params
+
+
+@pytest.mark.slow
+def test_quality_harness_is_exact_when_nothing_moves(encode, fp32_llama) -> None:  # type: ignore[no-untyped-def]
+    """With the fill prompt equal to the evaluated one, reuse changes nothing: KL ~ 0 and full
+    agreement. With a different prefix, the same harness reports a real gap."""
+    p = bench.build_prompts(encode, count=1, segment_tokens=60, seed=3)[0]
+    same = dataclasses.replace(p, fill_ids=p.ids, fill_segments=p.segments)
+    res = bench.measure_quality(fp32_llama, [same, p], [(0, 0.0)], continuation=8)
+    q = res[(0, 0.0)]
+    assert q.kl[0] < 1e-6 and q.top1[0] == 1.0 and q.free[0] == 1.0
+    assert q.kl[1] > 1e-4
