@@ -40,7 +40,7 @@ from suffixmem.engine.protocol import (
 )
 from suffixmem.engine.torch.block_pool import BlockPool
 from suffixmem.engine.torch.kv_pool import KVPool, torch_dtype
-from suffixmem.engine.torch.llama import Llama
+from suffixmem.engine.torch.llama import Llama, read_config
 from suffixmem.engine.torch.model_runner import ModelRunner, RunOutput, SeqInput
 from suffixmem.engine.torch.reuse_hook import ReuseHook, ReuseOutcome
 from suffixmem.engine.torch.scheduler import Scheduler
@@ -82,13 +82,8 @@ class TorchEngine(BaseEngine):
         self.model_name = config.model
         self.max_model_len = config.max_model_len
 
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        self.template = ChatTemplate(self.tokenizer)
-        self.stop_token_ids = self._stop_token_ids()
-        self.model = Llama.from_pretrained(self.model_path, self.dtype)
-        mc = self.model.config
+        # check the budget against the model's shape before loading anything heavy
+        mc = read_config(self.model_path)
         if config.max_model_len > mc.max_position_embeddings:
             raise ConfigError(
                 f"max_model_len {config.max_model_len} exceeds the model's context of "
@@ -106,6 +101,12 @@ class TorchEngine(BaseEngine):
                 f"{config.max_model_len} tokens needs ({need_blocks}); raise kv_cache_gib to "
                 f">= {need_gib:.4f} or lower max_model_len"
             )
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        self.template = ChatTemplate(self.tokenizer)
+        self.stop_token_ids = self._stop_token_ids()
+        self.model = Llama.from_pretrained(self.model_path, self.dtype)
         self.kv_pool = KVPool.from_budget(budget, mc.num_layers, mc.num_kv_heads, mc.head_dim,
                                           self.block_size, self.dtype)
         self.block_pool = BlockPool(self.kv_pool.num_blocks, self.block_size)
@@ -118,6 +119,7 @@ class TorchEngine(BaseEngine):
         self._generator = torch.Generator().manual_seed(config.seed)
         self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes
         self._per_block_bytes = per_block
+        self.max_decode_batch = 0  # the largest decode batch so far (continuous batching)
 
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._outboxes: dict[str, queue.SimpleQueue[Any]] = {}
@@ -243,6 +245,7 @@ class TorchEngine(BaseEngine):
             kv_blocks_cached=self.block_pool.num_cached_blocks,
             kv_blocks_evicted=self.block_pool.num_evicted,
             preemptions=self.scheduler.num_preemptions,
+            max_decode_batch=self.max_decode_batch,
         )
         return s
 
@@ -300,8 +303,18 @@ class TorchEngine(BaseEngine):
             self._decode(plan.decode)
 
     def _prefill(self, seqs: list[Sequence]) -> None:
+        ok = []
         for seq in seqs:
-            self._apply_reuse(seq)
+            try:
+                self._apply_reuse(seq)
+            except Exception as e:  # a failing hook fails its own request only
+                log.exception("segment reuse failed for %s", seq.seq_id)
+                self._fail(seq, e)
+                continue
+            ok.append(seq)
+        seqs = ok
+        if not seqs:
+            return
         # chunks of at most prefill_chunk tokens; a sequence's chunk wants logits only when it
         # ends the sequence's pending positions
         rows: list[Sequence] = []
@@ -367,6 +380,7 @@ class TorchEngine(BaseEngine):
         seq.recomputed_tokens = outcome.recomputed_tokens
 
     def _decode(self, seqs: list[Sequence]) -> None:
+        self.max_decode_batch = max(self.max_decode_batch, len(seqs))
         inputs = [SeqInput([s.token_ids[-1]], [s.num_tokens - 1], s.block_table, s.num_tokens)
                   for s in seqs]
         out = self.runner.forward(inputs)

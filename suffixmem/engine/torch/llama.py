@@ -95,6 +95,16 @@ class ModelConfig:
         )
 
 
+def read_config(folder: str | Path) -> ModelConfig:
+    """The ``ModelConfig`` of a transformers model folder (reads ``config.json`` only)."""
+    path = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"cannot read {path}: {e}") from e
+    return ModelConfig.from_hf(cfg)
+
+
 @dataclass(slots=True)
 class LayerWeights:
     """One decoder layer. Projection weights are ``[out, in]`` as in ``nn.Linear``."""
@@ -168,11 +178,7 @@ class Llama:
         from safetensors.torch import load_file
 
         folder = Path(folder)
-        try:
-            cfg = json.loads((folder / "config.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelError(f"cannot read {folder / 'config.json'}: {e}") from e
-        config = ModelConfig.from_hf(cfg)
+        config = read_config(folder)
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise ModelError(f"no .safetensors weights in {folder}")

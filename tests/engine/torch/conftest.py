@@ -3,7 +3,7 @@ the real model loaded once per session."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,5 +76,25 @@ def hf_bf16_greedy(model_path: Path, tokenizer: Any) -> tuple[list[int], list[in
         tokenize=True, return_dict=False)
     with torch.inference_mode():
         gen = hf.generate(torch.tensor(prompt)[None], max_new_tokens=GREEDY_TOKENS,
-                          min_new_tokens=GREEDY_TOKENS, do_sample=False)[0]
+                          do_sample=False)[0]
     return list(prompt), gen[len(prompt):].tolist()
+
+
+@pytest.fixture(scope="session")
+def torch_engine(model_path: Path) -> Iterator[Any]:
+    """One bf16 torch engine for the session (prefix caching on)."""
+    from suffixmem.engine import create_engine
+
+    engine = create_engine("torch", max_model_len=2048, kv_cache_gib=0.25)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def torch_engine_fp32(model_path: Path) -> Iterator[Any]:
+    """An fp32 torch engine: logits exact enough for equality of greedy outputs across paths."""
+    from suffixmem.engine import create_engine
+
+    engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.25, dtype="float32")
+    yield engine
+    engine.close()
