@@ -36,9 +36,14 @@ class BlendConfig:
       their KV deviates most at the check layers; ``0`` skips the check entirely.
     - ``check_layers``: 0-based layer indices where deviation is measured; layers up to the
       highest one are computed for the whole segment in the new context.
+
+    The defaults (k = 16, r = 0) are ``suffixmem bench segments``' choice on SmolLM2-135M:
+    teacher-forced top-1 agreement 0.979 and mean KL 0.003 against full recomputation, with a
+    2.6-3.0x shorter time to first token when segments are 82% of the prompt; top-r recompute
+    gained less quality than its compute cost on CPU (see docs/segment-reuse.md).
     """
 
-    first_k: int = 4
+    first_k: int = 16
     ratio: float = 0.0
     check_layers: tuple[int, ...] = field(default=(1,))
 
