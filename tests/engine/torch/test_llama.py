@@ -151,3 +151,17 @@ def test_real_model_bf16_200_token_greedy_continuation_same_argmax(
     got = ours.forward(ids).float()[len(prompt) - 1:]
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     assert (got - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("nq", [3, 40])
+def test_masked_attention_paths_agree(tiny: Any, nq: int) -> None:
+    """Few queries (explicit matmuls) and many (SDPA with a mask) against the explicit-softmax
+    reference, for queries at the end of a longer context."""
+    _, ours = tiny
+    n = 60
+    h = ours.embed(torch.randint(0, 256, (n,)))
+    pos = torch.arange(n)
+    q, k, v = ours.qkv(1, h, pos)
+    got = ours.attend(q[-nq:], k, v, pos[-nq:], pos)
+    ref, _ = ours.attend(q[-nq:], k, v, pos[-nq:], pos, entropy=True)
+    assert (got - ref).abs().max().item() <= 1e-5
