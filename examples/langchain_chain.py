@@ -10,6 +10,7 @@ answer streams token by token; the cached prompt tokens of each turn are printed
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from typing import Any
@@ -42,6 +43,8 @@ class CacheReport(BaseCallbackHandler):
 
 
 def main() -> None:
+    # vLLM logs to stdout by default; keep its lines out of the conversation
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--session", default="langchain-example")
     parser.add_argument("--max-tokens", type=int, default=64)

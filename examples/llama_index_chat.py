@@ -10,6 +10,7 @@ streams token by token, and the cached prompt tokens of each turn (from the resp
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -49,6 +50,8 @@ class CacheReport(BaseEventHandler):
 
 
 def main() -> None:
+    # vLLM logs to stdout by default; keep its lines out of the conversation
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--session", default="llama-index-example")
     parser.add_argument("--max-tokens", type=int, default=64)

@@ -11,6 +11,7 @@ each reply the turn's figures go to stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from suffixmem import client
@@ -19,12 +20,16 @@ from suffixmem.engine.protocol import TokenEvent
 
 
 def main() -> None:
+    # vLLM logs to stdout by default; keep its lines out of the conversation
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--session", default="terminal-chatbot")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--engine", default="vllm", choices=["vllm", "torch"])
     parser.add_argument("--database-url", default=None, help="default: suffixmem's own")
     parser.add_argument("--system", default="You are a friendly assistant. Be brief.")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="default: the session's semantic temperature")
     args = parser.parse_args()
 
     interactive = sys.stdin.isatty()
@@ -45,7 +50,10 @@ def main() -> None:
             if not message:
                 continue
             print("bot> ", end="", flush=True)
-            for event in manager.stream_chat(args.session, message, max_tokens=args.max_tokens):
+            sampling = {"max_tokens": args.max_tokens}
+            if args.temperature is not None:
+                sampling["temperature"] = args.temperature
+            for event in manager.stream_chat(args.session, message, **sampling):
                 if isinstance(event, TokenEvent):
                     print(event.text, end="", flush=True)
                 elif isinstance(event, TurnResult):
