@@ -184,6 +184,11 @@ def run_chat(
             if figures["status"] != "ok":
                 bar.console.print(f"[yellow]{name}: {figures['status']}[/] — "
                                   f"{figures['reason'].splitlines()[0]}")
+            elif progress and not bar.console.is_terminal:
+                # no live bar in a log file: one line per configuration instead
+                bar.console.print(
+                    f"{name}: {figures['turns']} turns in {figures['wall_s']:.0f} s, TTFT p50 "
+                    f"{figures['ttft_p50_s'] * 1000:.0f} ms, hit rate {figures['hit_rate']:.1%}")
     add_ratios(results)
     report = {
         "configs": results,
