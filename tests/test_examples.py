@@ -19,11 +19,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def run(example: str, *args: str, stdin: str | None = None) -> tuple[str, list[tuple[int, int]]]:
-    """Run ``examples/<example>``; returns its stdout and each turn's (prompt, cached) tokens."""
+    """Run ``examples/<example>``; returns its stdout and each turn's (prompt, cached) tokens.
+
+    The timeout is generous: on a fresh ``SUFFIXMEM_HOME`` the terminal chatbot's first turn
+    trains the manager's topic detector (minutes on a loaded 2-core machine)."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / example), *args],
-        input=stdin, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
+        input=stdin, capture_output=True, text=True, timeout=880, cwd=ROOT, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = [(int(p), int(c)) for p, c in FIGURES.findall(proc.stderr)]
