@@ -1,0 +1,44 @@
+"""``suffixmem bench engines``: its cost model and one short run through the torch engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from suffixmem.bench.engines import measure_limits, model_costs, run_engines
+
+
+def test_cost_model_agrees_with_the_loaded_model(model_path: Path, real_fp32: Any) -> None:
+    costs = model_costs(model_path, 100)
+    c = real_fp32.config
+    kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 100 * 2  # bf16 bytes
+    # the weights a decode step reads, counted by the model itself (bf16 = half of fp32)
+    assert costs["decode_bytes_per_token"] == real_fp32.weight_bytes // 2 + kv
+    attn = sum(4 * c.num_heads * c.head_dim * (t + 1) * c.num_layers for t in range(100))
+    matmuls = 100 * real_fp32.flops_per_token(0)
+    assert costs["prefill_flops"] == matmuls + attn + 2 * c.hidden_size * c.vocab_size
+
+
+def test_measure_limits_reports_positive_rates() -> None:
+    lim = measure_limits(size=256, copy_mib=8, repeats=2)
+    assert lim["bf16_matmul_flops_per_s"] > 1e8
+    assert lim["copy_bytes_per_s"] > 1e8
+    assert lim["threads"] == torch.get_num_threads()
+
+
+@pytest.mark.slow
+def test_run_engines_torch_only() -> None:
+    out = run_engines(prompt_tokens=300, decode_tokens=4, engines=("torch",), repeats=1)
+    t = out["engines"]["torch"]
+    assert out["prompt_tokens"] == t["prompt_tokens"] > 200
+    assert t["warm_cached_tokens"] == (out["prompt_tokens"] - 1) // 16 * 16
+    assert 0 < t["warm_ttft_s"] < t["prefill_s"]
+    assert t["decode_ms_per_token"] > 0
+    assert 0 < t["prefill_flops_fraction"] and 0 < t["decode_bandwidth_fraction"]
+    assert set(out["limits"]) >= {"bf16_matmul_flops_per_s", "copy_bytes_per_s"}
+    assert out["targets"]["warm_over_cold"] == t["warm_ttft_s"] / t["prefill_s"]
+    with pytest.raises(Exception, match="unknown engines"):
+        run_engines(engines=("nope",))
