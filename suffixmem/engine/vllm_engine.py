@@ -36,6 +36,8 @@ def _prepare_environment(config: EngineConfig, on_cuda: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    # vLLM logs to stdout by default, which would mix its lines into chat output and JSON
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if not on_cuda:
         # vLLM drops torch to one thread unless OMP_NUM_THREADS is set.
         os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
