@@ -87,6 +87,9 @@ def upgrade() -> None:
         sa.Column("features", sa.Text(), nullable=False),
     )
     op.create_index("ix_segment_events_hash_seen", "segment_events", ["hash", "seen_at"])
+    op.create_index(
+        "ix_segment_events_hash_scope_session", "segment_events", ["hash", "scope", "session_id"]
+    )
     op.create_index("ix_segment_events_session_id", "segment_events", ["session_id"])
 
     op.create_table(
@@ -116,6 +119,7 @@ def downgrade() -> None:
     op.drop_index("ix_turn_events_session_id", table_name="turn_events")
     op.drop_table("turn_events")
     op.drop_index("ix_segment_events_session_id", table_name="segment_events")
+    op.drop_index("ix_segment_events_hash_scope_session", table_name="segment_events")
     op.drop_index("ix_segment_events_hash_seen", table_name="segment_events")
     op.drop_table("segment_events")
     op.drop_index("ix_segments_scope", table_name="segments")

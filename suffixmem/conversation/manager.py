@@ -446,7 +446,7 @@ class ConversationManager:
             h = segment_hash(span)
             scope = "*" if seg.shared else session_id
             rec = self.store.segment(h, scope)
-            seen = 0 if rec is None else rec.hits + 1
+            seen = 0 if rec is None else self.store.sightings(h, scope)
             cached = rec is not None and rec.tier != Tier.NONE.value and (
                 rec.expires_at is None or rec.expires_at.timestamp() > now)
             feats = ValueFeatures(

@@ -100,7 +100,10 @@ class SegmentEventRow(Base):
     model's labels come from these: was the segment seen again within the horizon?"""
 
     __tablename__ = "segment_events"
-    __table_args__ = (Index("ix_segment_events_hash_seen", "hash", "seen_at"),)
+    __table_args__ = (
+        Index("ix_segment_events_hash_seen", "hash", "seen_at"),
+        Index("ix_segment_events_hash_scope_session", "hash", "scope", "session_id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     hash: Mapped[str] = mapped_column(String(64))

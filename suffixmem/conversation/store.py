@@ -582,6 +582,12 @@ class Store:
 
         def run(s: Session) -> None:
             for g in sightings:
+                first_here = session_id is not None and g.scope == "*" and s.scalar(
+                    select(SegmentEventRow.id).where(
+                        SegmentEventRow.hash == g.hash, SegmentEventRow.scope == "*",
+                        SegmentEventRow.session_id == session_id,
+                    ).limit(1)
+                ) is None
                 s.add(SegmentEventRow(
                     hash=g.hash, scope=g.scope, session_id=session_id, kind=g.kind,
                     tokens=g.tokens, seen_at=when, hit=g.hit,
@@ -599,19 +605,13 @@ class Store:
                     ))
                     s.flush()
                     continue
-                if session_id is not None and g.scope == "*":
-                    seen_here = s.scalar(
-                        select(func.count()).select_from(SegmentEventRow).where(
-                            SegmentEventRow.hash == g.hash, SegmentEventRow.scope == "*",
-                            SegmentEventRow.session_id == session_id,
-                        )
-                    )
-                    if int(seen_here or 0) <= 1:  # the row just added is the only one
-                        row.sessions_seen += 1
+                if first_here:
+                    row.sessions_seen += 1
                 if g.hit:
                     row.hits += 1
                     row.tokens_saved += g.tokens
                 row.last_seen_at = when
+                s.flush()
 
         self._retrying(run)
 
@@ -647,6 +647,14 @@ class Store:
                 created_at=_aware(r.created_at),  # type: ignore[arg-type]
                 last_seen_at=_aware(r.last_seen_at),  # type: ignore[arg-type]
             )
+
+    def sightings(self, hash_: str, scope: str) -> int:
+        """How many times the segment was logged as seen."""
+        with self._tx() as s:
+            return int(s.scalar(
+                select(func.count()).select_from(SegmentEventRow).where(
+                    SegmentEventRow.hash == hash_, SegmentEventRow.scope == scope)
+            ) or 0)
 
     def segment_events(self, limit: int | None = None) -> list[SegmentEvent]:
         """Logged sightings, oldest first."""

@@ -72,7 +72,7 @@ class FlakyEngine:
 
 def _detector() -> TopicDetector:
     # threshold rule on a small background: enough for an unmistakable jump
-    return TopicDetector(TopicConfig(threshold=0.12), Featurizer().fit([
+    return TopicDetector(TopicConfig(threshold=0.1), Featurizer().fit([
         "the cat sat on the mat", "python lists and dictionaries", "a recipe for bread",
     ]))
 
