@@ -10,8 +10,9 @@ retention tier:
 
 ``HeuristicValueScorer`` is the documented fallback used until enough outcomes are logged:
 
-    score = base[kind] + 0.10 * min(seen, 3) / 3 + 0.10 * min(sessions_seen - 1, 3) / 3
-            - 0.20 if num_tokens < 16
+    score = base[kind] + (0.10 if seen >= 1) + 0.05 * min(seen - 1, 2)   # recurrence
+            + 0.10 * min(sessions_seen - 1, 3) / 3                     # spread
+            - 0.20 if num_tokens < 16                                  # cheap to recompute
 
 with ``base`` = system_tail 0.9, json_schema 0.85, template/anchor 0.75, document 0.55,
 detected 0.5. A document seen once is not cached; seen again (or in another session) it is.
@@ -148,7 +149,9 @@ class HeuristicValueScorer:
 
     def score(self, features: Any) -> float:
         s = self.BASE.get(getattr(features, "kind", "document"), 0.5)
-        s += 0.10 * min(int(getattr(features, "seen", 0)), 3) / 3
+        seen = int(getattr(features, "seen", 0))
+        if seen >= 1:
+            s += 0.10 + 0.05 * min(seen - 1, 2)
         s += 0.10 * min(max(int(getattr(features, "sessions_seen", 1)) - 1, 0), 3) / 3
         if int(getattr(features, "num_tokens", 0)) < 16:
             s -= 0.2
