@@ -454,10 +454,14 @@ class TorchEngine(BaseEngine):
 
 def sample_token(logits: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:
     """Sample from ``logits [V]`` with temperature, top-k and top-p (nucleus)."""
+    if s.top_k == 1:
+        return int(logits.argmax())  # top-1 sampling is greedy (ties: the lowest id, as argmax)
     x = logits.float() / max(s.temperature, 1e-5)
     if s.top_k > 0 and s.top_k < x.shape[-1]:
-        kth = torch.topk(x, s.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
+        # exactly k candidates, even when bf16 logits tie at the k-th value
+        keep = torch.zeros_like(x, dtype=torch.bool).scatter_(0, torch.topk(x, s.top_k).indices,
+                                                              True)
+        x = x.masked_fill(~keep, float("-inf"))
     if s.top_p < 1.0:
         sorted_x, order = torch.sort(x, descending=True)
         probs = torch.softmax(sorted_x, dim=-1)

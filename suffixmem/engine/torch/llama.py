@@ -119,6 +119,44 @@ class LayerWeights:
     w_down: torch.Tensor  # [E, I]
 
 
+class PackedLinears:
+    """oneDNN-prepacked copies of bf16 weights, for ``x @ w.T`` on CPU.
+
+    ``torch.ops.mkldnn._linear_pointwise`` on a weight reordered once reads it ~2x faster than
+    ``F.linear`` for the few-row products of decoding (and a little faster for prefill), with
+    bit-identical bf16 results (checked on each weight at load; any mismatch or missing op and
+    that weight stays on ``F.linear``). fp32 weights are never packed: oneDNN's fp32 kernels
+    round differently from MKL's, and fp32 is the reference mode.
+    """
+
+    def __init__(self) -> None:
+        self._packed: dict[int, Any] = {}
+
+    def pack(self, w: torch.Tensor) -> None:
+        if w.dtype != torch.bfloat16 or w.device.type != "cpu":
+            return
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+            probe = torch.randn(3, w.shape[1], dtype=w.dtype)
+            same = torch.equal(self._call(probe, packed), F.linear(probe, w))
+        except (RuntimeError, AttributeError):  # no oneDNN or no bf16 support on this CPU
+            return
+        if same:
+            self._packed[id(w)] = packed
+
+    @staticmethod
+    def _call(x: torch.Tensor, packed: Any) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x [N, in], w [out, in])``, through the packed copy when there is one."""
+        packed = self._packed.get(id(w))
+        return F.linear(x, w) if packed is None else self._call(x.contiguous(), packed)
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm: normalise in fp32, cast back, then scale."""
     xf = x.to(torch.float32)
@@ -139,6 +177,11 @@ class Llama:
         self.lm_head = lm_head  # [V, E]; the same tensor as embed_tokens when tied
         self.dtype = embed_tokens.dtype
         self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.linear = PackedLinears()
+        for w in self.layers:
+            for t in (w.w_qkv, w.w_o, w.w_gate_up, w.w_down):
+                self.linear.pack(t)
+        self.linear.pack(self.lm_head)
 
     # -- loading --------------------------------------------------------------------------------
     @classmethod
@@ -225,7 +268,7 @@ class Llama:
         c = self.config
         w = self.layers[i]
         x = rms_norm(h, w.input_norm, c.rms_norm_eps)
-        qkv = F.linear(x, w.w_qkv)  # [N, (H + 2KV) D]
+        qkv = self.linear(x, w.w_qkv)  # [N, (H + 2KV) D]
         n = h.shape[0]
         qk = qkv[:, :(c.num_heads + c.num_kv_heads) * c.head_dim].view(
             n, c.num_heads + c.num_kv_heads, c.head_dim)
@@ -314,14 +357,14 @@ class Llama:
         ``attn_out [N, H*D]``, then the SwiGLU MLP with its residual. Returns ``[N, E]``."""
         c = self.config
         w = self.layers[i]
-        h = h + F.linear(attn_out, w.w_o)
+        h = h + self.linear(attn_out, w.w_o)
         x = rms_norm(h, w.post_norm, c.rms_norm_eps)
-        gate, up = F.linear(x, w.w_gate_up).split(c.intermediate_size, dim=-1)
-        return h + F.linear(F.silu(gate) * up, w.w_down)
+        gate, up = self.linear(x, w.w_gate_up).split(c.intermediate_size, dim=-1)
+        return h + self.linear(F.silu(gate) * up, w.w_down)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``h [N, E]`` -> logits ``[N, V]`` in the model dtype."""
-        return F.linear(rms_norm(h, self.norm, self.config.rms_norm_eps), self.lm_head)
+        return self.linear(rms_norm(h, self.norm, self.config.rms_norm_eps), self.lm_head)
 
     # -- a dense reference forward (no cache) ---------------------------------------------------
     @torch.inference_mode()

@@ -37,7 +37,7 @@ def test_run_engines_torch_only() -> None:
     assert t["warm_cached_tokens"] == (out["prompt_tokens"] - 1) // 16 * 16
     assert 0 < t["warm_ttft_s"] < t["prefill_s"]
     assert t["decode_ms_per_token"] > 0
-    assert 0 < t["prefill_flops_fraction"] and 0 < t["decode_bandwidth_fraction"]
+    assert t["prefill_flops_fraction"] > 0 and t["decode_bandwidth_fraction"] > 0
     assert set(out["limits"]) >= {"bf16_matmul_flops_per_s", "copy_bytes_per_s"}
     assert out["targets"]["warm_over_cold"] == t["warm_ttft_s"] / t["prefill_s"]
     with pytest.raises(Exception, match="unknown engines"):

@@ -237,23 +237,26 @@ def test_request_that_cannot_fit_gets_capacity_error() -> None:
 
 # -- sampling -------------------------------------------------------------------------------------
 def test_sampling_options(torch_engine: Any) -> None:
+    # every request in a fresh session: the same (uncached) path, so bf16 logits are identical
     q = "Write a short poem about the sea."
-    greedy = ask(torch_engine, "samp", q, max_tokens=20)
-    top1 = ask(torch_engine, "samp", q, max_tokens=20, temperature=1.0, top_k=1)
+    greedy = ask(torch_engine, "samp-0", q, max_tokens=20)
+    top1 = ask(torch_engine, "samp-1", q, max_tokens=20, temperature=1.0, top_k=1)
     assert top1.token_ids == greedy.token_ids  # top-k 1 is greedy
-    s1 = ask(torch_engine, "samp", q, max_tokens=20, temperature=1.0, seed=7)
-    s2 = ask(torch_engine, "samp", q, max_tokens=20, temperature=1.0, seed=7, top_p=0.999999)
+    s1 = ask(torch_engine, "samp-2", q, max_tokens=20, temperature=1.0, seed=7)
+    s2 = ask(torch_engine, "samp-3", q, max_tokens=20, temperature=1.0, seed=7, top_p=0.999999)
     assert s1.token_ids == s2.token_ids  # seeded: reproducible
-    others = [ask(torch_engine, "samp", q, max_tokens=20, temperature=1.0, seed=s).token_ids
-              for s in (8, 9)]
+    top5 = ask(torch_engine, "samp-4", q, max_tokens=20, temperature=1.0, seed=7, top_k=5)
+    assert top5.output_tokens > 0
+    others = [ask(torch_engine, f"samp-{s}", q, max_tokens=20, temperature=1.0,
+                  seed=s).token_ids for s in (8, 9)]
     assert any(o != s1.token_ids for o in others)
-    length = ask(torch_engine, "samp", q, max_tokens=7, ignore_eos=True)
+    length = ask(torch_engine, "samp-10", q, max_tokens=7, ignore_eos=True)
     assert length.finish_reason == "length" and len(length.token_ids) == 7
     assert greedy.finish_reason in ("stop", "length")
     words = greedy.text.split()
     assert len(words) >= 3
     stop = words[2]
-    stopped = ask(torch_engine, "samp", q, max_tokens=20, stop=(stop,))
+    stopped = ask(torch_engine, "samp-11", q, max_tokens=20, stop=(stop,))
     assert stopped.finish_reason == "stop"
     assert stop not in stopped.text and greedy.text.startswith(stopped.text)
 
