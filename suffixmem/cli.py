@@ -71,7 +71,12 @@ def _make_manager(engine_name: str, model: str, database: str | None, max_model_
     from suffixmem.engine import create_engine
 
     engine = create_engine(engine_name, model=model, max_model_len=max_model_len)
-    return ConversationManager(engine, database_url=database)
+    mgr = ConversationManager(engine, database_url=database)
+    # Load the topic detector now rather than inside the first turn (its first build, once per
+    # SUFFIXMEM_HOME, fits it on chatterbot-corpus and takes about a minute).
+    with err_console.status("preparing the topic detector (first run only: about a minute)"):
+        mgr.detector()
+    return mgr
 
 
 def _turn_line(turn: Any) -> str:
