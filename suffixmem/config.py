@@ -50,6 +50,8 @@ class EngineConfig:
       on CUDA 16. The torch engine defaults to 16.
     - ``kv_cache_gib``: KV pool size in GiB.
     - ``dtype``: ``bfloat16`` (default), ``float32`` or ``float16`` (CUDA only).
+    - ``segment_reuse``: (torch engine) keep a segment cache so that marked segments of a prompt
+      (``Request.segments``) are reused at new positions when a request sets ``exact=False``.
     """
 
     model: str = DEFAULT_MODEL
@@ -63,6 +65,7 @@ class EngineConfig:
     dtype: str = "bfloat16"
     enforce_eager: bool | None = None
     seed: int = 0
+    segment_reuse: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -116,6 +116,10 @@ class TorchEngine(BaseEngine):
         self.scheduler = Scheduler(self.block_pool, config.max_num_seqs, self.prefill_chunk,
                                    config.enable_prefix_caching)
         self.reuse: ReuseHook | None = None
+        if config.segment_reuse:
+            from suffixmem.engine.reuse.hook import SegmentReuseHook
+
+            SegmentReuseHook.install(self)
         self._generator = torch.Generator().manual_seed(config.seed)
         self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes
         self._per_block_bytes = per_block
@@ -443,6 +447,12 @@ class TorchEngine(BaseEngine):
         self._deliver(seq.seq_id, error)
 
     # -- closing --------------------------------------------------------------------------------
+    def release_session(self, session_key: str) -> int:
+        """Drop the session's cached segments (a topic jump, the end of a session); returns how
+        many. Prefix blocks stay: they are salted by session and simply age out of the LRU."""
+        release = getattr(self.reuse, "release_session", None)
+        return int(release(session_key)) if release is not None else 0
+
     def close(self) -> None:
         if self._closed:
             return
