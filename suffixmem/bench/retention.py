@@ -152,12 +152,23 @@ def replay_lru(events: Sequence[Any], budget: int) -> int:
     return saved
 
 
-def replay_value(events: Sequence[Any], budget: int, scorer: ValueScorer) -> int:
-    """Tokens saved by value-tiered retention of ``budget`` tokens over logged sightings."""
+def score_events(events: Sequence[Any], scorer: ValueScorer) -> list[float]:
+    """Each sighting's score from its logged features (batched when the scorer can)."""
+    feats = [ValueFeatures.from_dict(e.features) for e in events]
+    many = getattr(scorer, "score_many", None)
+    return list(many(feats)) if many is not None else [scorer.score(f) for f in feats]
+
+
+def replay_value(events: Sequence[Any], budget: int, scorer: ValueScorer,
+                 scores: Sequence[float] | None = None) -> int:
+    """Tokens saved by value-tiered retention of ``budget`` tokens over logged sightings
+    (``scores``: precomputed ``score_events``)."""
+    if scores is None:
+        scores = score_events(events, scorer)
     # key -> (tokens, score, tier, expires_at (s), last use (s))
     cache: dict[tuple[str, str], list[Any]] = {}
     used = saved = 0
-    for e in events:
+    for e, score in zip(events, scores, strict=True):
         now = (e.seen_at - T0).total_seconds()
         key = (e.hash, e.scope)
         entry = cache.get(key)
@@ -167,7 +178,6 @@ def replay_value(events: Sequence[Any], budget: int, scorer: ValueScorer) -> int
             entry = None
         if entry is not None:
             saved += e.tokens
-        score = scorer.score(ValueFeatures.from_dict(e.features))
         tier = scorer.tier(score)
         if tier is Tier.NONE:
             if entry is not None:
@@ -189,7 +199,10 @@ def replay_value(events: Sequence[Any], budget: int, scorer: ValueScorer) -> int
     return saved
 
 
-def run_retention(budget: int = 20_000, seed: int = 0, sessions: int = 400,
+SWEEP = (3_000, 5_000, 10_000, 20_000, 40_000)
+
+
+def run_retention(budget: int = 5_000, seed: int = 0, sessions: int = 400,
                   database_url: str = "sqlite://") -> dict[str, Any]:
     """Simulate, log to SQL, train on the first half, replay the second half."""
     from suffixmem.conversation.store import Store
@@ -204,9 +217,10 @@ def run_retention(budget: int = 20_000, seed: int = 0, sessions: int = 400,
     train = [e for e in events if e.seen_at < mid]
     test = [e for e in events if e.seen_at >= mid]
     scorer = train_value_scorer(train)
+    scores = score_events(test, scorer)
     total = sum(e.tokens for e in test)
     return {
-        "value_tokens_saved": replay_value(test, budget, scorer),
+        "value_tokens_saved": replay_value(test, budget, scorer, scores),
         "lru_tokens_saved": replay_lru(test, budget),
         "heuristic_tokens_saved": replay_value(test, budget, HeuristicValueScorer()),
         "scorer": type(scorer).__name__,
@@ -214,6 +228,11 @@ def run_retention(budget: int = 20_000, seed: int = 0, sessions: int = 400,
         "replayed_sightings": len(test),
         "replayed_tokens": total,
         "training_sightings": len(train),
+        "sweep": [
+            {"budget_tokens": b, "value_tokens_saved": replay_value(test, b, scorer, scores),
+             "lru_tokens_saved": replay_lru(test, b)}
+            for b in SWEEP
+        ],
     }
 
 
@@ -222,7 +241,7 @@ def register(bench: Any) -> None:
 
     @bench.command("retention")
     def retention_cmd(
-        budget: int = typer.Option(20_000, help="cache budget in tokens"),
+        budget: int = typer.Option(5_000, help="cache budget in tokens"),
         seed: int = typer.Option(0, help="workload seed"),
         sessions: int = typer.Option(400, help="simulated sessions"),
         database: str = typer.Option("sqlite://", help="SQLAlchemy URL to log the workload in"),
@@ -241,3 +260,6 @@ def register(bench: Any) -> None:
         c.print(f"value-tiered ({result['scorer']}): {result['value_tokens_saved']} tokens saved")
         c.print(f"heuristic fallback: {result['heuristic_tokens_saved']} tokens saved")
         c.print(f"LRU: {result['lru_tokens_saved']} tokens saved")
+        for row in result["sweep"]:
+            c.print(f"  budget {row['budget_tokens']:>6}: value {row['value_tokens_saved']}, "
+                    f"LRU {row['lru_tokens_saved']}")

@@ -160,6 +160,9 @@ class HeuristicValueScorer:
     def tier(self, score: float) -> Tier:
         return tier_of(score)
 
+    def score_many(self, features: Sequence[Any]) -> list[float]:
+        return [self.score(f) for f in features]
+
 
 class LearnedValueScorer:
     """A fitted scikit-learn classifier; the score is its probability of reuse."""
@@ -172,6 +175,13 @@ class LearnedValueScorer:
     def score(self, features: Any) -> float:
         p = self.model.predict_proba(np.asarray([feature_vector(features)]))[0, 1]
         return float(p)
+
+    def score_many(self, features: Sequence[Any]) -> list[float]:
+        """``score`` of many segments in one call (one model evaluation)."""
+        if not features:
+            return []
+        probs = self.model.predict_proba(np.asarray([feature_vector(f) for f in features]))
+        return [float(p) for p in probs[:, 1]]
 
     def tier(self, score: float) -> Tier:
         return tier_of(score)

@@ -122,3 +122,17 @@ def test_jump_scores() -> None:
     s = jump_scores([True, False, True, False], [True, True, False, False])
     assert (s["precision"], s["recall"], s["f1"]) == (0.5, 0.5, 0.5)
     assert jump_scores([False], [False])["f1"] == 0.0
+
+
+def test_fast_posteriors_equal_sklearn() -> None:
+    from scipy import sparse
+
+    tune, _ = split_topics(load_topics("english"), seed=0)
+    d = TopicDetector()
+    d.featurizer.fit([t for pairs in tune.values() for p in pairs for t in p])
+    d._fit_pool_topics({k: v[:20] for k, v in tune.items()})
+    c, w = d.featurizer.transform(["what is artificial intelligence", "tell me a joke"])
+    x = sparse.hstack([c, w]).tocsr()
+    import numpy as np
+
+    np.testing.assert_allclose(d.posteriors(x), d.topic_model.predict_proba(x), rtol=1e-10)
