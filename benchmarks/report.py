@@ -170,14 +170,13 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ceiling_drawn = False
     for name, f in ok.items():
         bt = f["by_turn"]
         ax.plot(bt["turn"], [x * 100 for x in bt["hit_rate"]], marker="o", ms=3, label=name)
-        if not ceiling_drawn:
-            ax.plot(bt["turn"], [x * 100 for x in bt["hit_ceiling"]], "k--", lw=1,
-                    label=f"ceiling ({name}'s prompts)")
-            ceiling_drawn = True
+    if ok:  # the ceiling of the first configuration's prompts, drawn on top
+        name, f = next(iter(ok.items()))
+        ax.plot(f["by_turn"]["turn"], [x * 100 for x in f["by_turn"]["hit_ceiling"]], "k--",
+                lw=1.5, zorder=10, label=f"ceiling ({name}'s prompts)")
     ax.set_xlabel("turn")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("cached / prompt tokens (%)")
