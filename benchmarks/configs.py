@@ -31,8 +31,9 @@ from benchmarks.peers import (
 
 
 class SuffixmemChat(ChatConfig):
-    """``ConversationManager`` + an engine (``vllm`` or ``torch``). ``segments`` installs the
-    torch engine's segment cache and asks the manager for approximate reuse (``exact=False``)."""
+    """``ConversationManager`` + an engine (``vllm`` or ``torch``). ``segments`` builds the
+    engine with its segment cache (``EngineConfig.segment_reuse``) and asks the manager for
+    approximate reuse (``ManagerConfig(exact=False)``)."""
 
     def __init__(self, name: str, engine: str, options: EngineOptions, *,
                  segments: bool = False) -> None:
@@ -41,11 +42,13 @@ class SuffixmemChat(ChatConfig):
 
         self.name = name
         self.options = options
+        extra = {"segment_reuse": True} if segments else {}
         self.engine = create_engine(engine, model=options.model,
                                     max_model_len=options.max_model_len,
-                                    kv_cache_gib=options.kv_cache_gib)
-        if segments:
-            install_segment_reuse(self.engine)
+                                    kv_cache_gib=options.kv_cache_gib, **extra)
+        if segments and getattr(self.engine, "reuse", None) is None:
+            raise ModuleNotFoundError(f"the {engine} engine did not install segment reuse",
+                                      name="suffixmem.engine.reuse.hook")
         self._recorded = threading.local()
         self._wrap_stream()
         self._tmp = tempfile.TemporaryDirectory(prefix="suffixmem-bench-")
@@ -124,34 +127,13 @@ class SuffixmemChat(ChatConfig):
             self._tmp.cleanup()
 
 
-def install_segment_reuse(engine: Any) -> None:
-    """Give the torch engine its segment cache (``SegmentReuseHook``) unless it has one."""
-    if engine.name != "torch":
-        raise ModuleNotFoundError(f"segment reuse needs the torch engine, not {engine.name!r}",
-                                  name="suffixmem.engine.reuse.hook")
-    if getattr(engine, "reuse", None) is None:
-        from suffixmem.engine.reuse.hook import SegmentReuseHook
-
-        SegmentReuseHook.install(engine)
-
-
 def manager_config(segments: bool) -> Any:
-    """The manager's config with approximate segment reuse on or off; ``None`` (the manager's
-    default) when it has no such switch and none is asked for."""
+    """``ManagerConfig(exact=False)`` for segment reuse; ``None`` (the defaults) otherwise."""
     if not segments:
         return None
-    from suffixmem.conversation import manager as mgr
+    from suffixmem.conversation.manager import ManagerConfig
 
-    cls = getattr(mgr, "ManagerConfig", None)
-    if cls is None:
-        raise ModuleNotFoundError("suffixmem.conversation.manager has no ManagerConfig",
-                                  name="suffixmem.conversation.manager.ManagerConfig")
-    for field_name in ("exact", "segment_reuse", "approximate_reuse"):
-        if field_name in getattr(cls, "__dataclass_fields__", {}):
-            value = not segments if field_name == "exact" else segments
-            return cls(**{field_name: value})
-    raise ModuleNotFoundError("ManagerConfig has no switch for approximate segment reuse",
-                              name="suffixmem.conversation.manager.ManagerConfig.exact")
+    return ManagerConfig(exact=False)
 
 
 # name -> (factory, what it is). Factories import their engine lazily; an ImportError while
