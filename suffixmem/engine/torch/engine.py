@@ -270,8 +270,18 @@ class TorchEngine(BaseEngine):
                     log.exception("torch engine step failed")
                     for seq in [*self.scheduler.running, *self.scheduler.waiting]:
                         self._fail(seq, e)
+        closed = EngineClosedError("torch engine closed")
+        while True:  # whatever arrived after the last step: fail it rather than hang its caller
+            try:
+                op, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if op == "add":
+                self._deliver(arg.seq_id, closed)
+            elif op == "call":
+                arg[1].set_exception(closed)
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-            self._fail(seq, EngineClosedError("torch engine closed"))
+            self._fail(seq, closed)
 
     def _drain_inbox(self) -> None:
         while True:

@@ -340,3 +340,19 @@ def test_exact_decode_matches_transformers_generate_bf16(
     finally:
         engine.close()
     assert list(out.token_ids) == gen
+
+
+def test_close_fails_pending_work_instead_of_hanging() -> None:
+    from suffixmem.errors import EngineClosedError
+
+    engine = small_engine(num_blocks=20, max_model_len=256, dtype="bfloat16")
+    stream = engine.stream(Request("closing", messages=[Message("user", DOC)],
+                                   sampling=SamplingParams(max_tokens=100, ignore_eos=True)))
+    assert isinstance(next(stream), TokenEvent)
+    engine.close()
+    with pytest.raises(EngineClosedError):
+        list(stream)
+    with pytest.raises(EngineClosedError):
+        engine.run_in_driver(lambda e: e.block_pool.num_free)
+    with pytest.raises(EngineClosedError):
+        engine.generate(Request("closing", messages=[Message("user", "Hi")]))
