@@ -24,7 +24,7 @@ def test_retention_bench_small() -> None:
 def test_layout_bench_on_vllm(vllm_engine: Any) -> None:
     from suffixmem.bench.layout import run_layout
 
-    r = run_layout(turns=12, context_window=640, max_tokens=24, engine=vllm_engine)
+    r = run_layout(turns=14, context_window=448, max_tokens=24, engine=vllm_engine)
     assert r["suffixmem_evictions"] >= 1 and r["sliding_window_evictions"] >= 1
     assert r["suffixmem_evictions"] < r["sliding_window_evictions"]
     assert 0.0 <= r["sliding_window_hit_rate"] < r["suffixmem_hit_rate"] <= 1.0

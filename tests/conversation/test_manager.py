@@ -71,10 +71,12 @@ class FlakyEngine:
 
 
 def _detector() -> TopicDetector:
-    # threshold rule on a small background: enough for an unmistakable jump
-    return TopicDetector(TopicConfig(threshold=0.1), Featurizer().fit([
-        "the cat sat on the mat", "python lists and dictionaries", "a recipe for bread",
-    ]))
+    # the threshold rule with corpus IDF: enough for an unmistakable jump, and fast to build
+    from suffixmem.conversation.topic_corpus import load_topics
+
+    background = [t for convs in load_topics("english").values() for c in convs for p in c
+                  for t in p]
+    return TopicDetector(TopicConfig(threshold=0.1), Featurizer().fit(background))
 
 
 @pytest.fixture(scope="module")
