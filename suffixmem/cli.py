@@ -97,11 +97,19 @@ def chat(
     session: str | None = typer.Option(None, help="Resume this session id."),
     system: str | None = typer.Option(None, help="System prompt for a new session."),
     max_tokens: int = typer.Option(256, help="Reply length limit in tokens."),
+    temperature: float | None = typer.Option(
+        None, help="Sampling temperature (default: the session's semantic temperature)."),
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
     _check_engine(engine)
+    from suffixmem.engine.protocol import SamplingParams
+
+    sampling: dict[str, Any] = {"max_tokens": max_tokens}
+    if temperature is not None:
+        sampling["temperature"] = temperature
+    SamplingParams(**sampling)  # reject bad values before paying for an engine start
     with err_console.status(f"starting the {engine} engine on {model} ..."), quiet_stdout():
         mgr = _make_manager(engine, model, database, max_model_len)
     try:
@@ -144,7 +152,7 @@ def chat(
             console.print("[bold blue]bot>[/] ", end="")
             try:
                 turn = None
-                for event in mgr.stream_chat(info.id, text, max_tokens=max_tokens):
+                for event in mgr.stream_chat(info.id, text, **sampling):
                     if hasattr(event, "token_id"):
                         console.print(event.text, end="", markup=False, highlight=False)
                     else:

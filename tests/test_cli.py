@@ -31,13 +31,15 @@ def test_bad_arguments_fail_fast_with_a_clear_message(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_ask_json_then_continue_the_session(tmp_path: Path) -> None:
     db = tmp_path / "db.sqlite"
-    r = _run(["ask", "--json", "--max-tokens", "16", "What is the capital of France?"], db)
+    greedy = ["--temperature", "0"]  # sessions otherwise sample at their semantic temperature
+    r = _run(["ask", "--json", "--max-tokens", "16", *greedy, "What is the capital of France?"],
+             db)
     assert r.returncode == 0, r.stderr[-2000:]
     first = json.loads(r.stdout)  # stdout holds only the JSON object
     assert "Paris" in first["text"]
     for key in ("session_id", "prompt_tokens", "cached_tokens", "ttft_s", "latency_s"):
         assert key in first
-    r = _run(["ask", "--json", "--max-tokens", "16", "--session", first["session_id"],
+    r = _run(["ask", "--json", "--max-tokens", "16", *greedy, "--session", first["session_id"],
               "And the capital of Italy?"], db)
     assert r.returncode == 0, r.stderr[-2000:]
     second = json.loads(r.stdout)
@@ -48,7 +50,8 @@ def test_ask_json_then_continue_the_session(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_interactive_chat_commands(tmp_path: Path) -> None:
     script = "What is the capital of France?\n/stats\n/sessions\n/new\n/sessions\n/quit\n"
-    r = _run(["chat", "--max-tokens", "16"], tmp_path / "db.sqlite", stdin=script)
+    r = _run(["chat", "--max-tokens", "16", "--temperature", "0"], tmp_path / "db.sqlite",
+             stdin=script)
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     assert "Paris" in out

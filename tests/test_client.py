@@ -47,14 +47,17 @@ def test_registry_shares_one_engine_per_config() -> None:
 
 
 def test_close_engines_closes_and_forgets() -> None:
-    engine = FakeEngine()
-    client.register_engine(engine, max_model_len=77)  # type: ignore[arg-type]
+    # set aside engines other tests registered (the session's real vLLM engine): this test
+    # must close only its own
     saved = dict(client._engines)
+    client._engines.clear()
+    engine = FakeEngine()
     try:
+        client.register_engine(engine, max_model_len=77)  # type: ignore[arg-type]
         client.close_engines()
         assert engine.closed and not client._engines
     finally:
-        saved.pop(client._key("vllm", EngineConfig(max_model_len=77)))
+        client._engines.clear()
         client._engines.update(saved)
 
 
