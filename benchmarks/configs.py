@@ -42,10 +42,12 @@ class SuffixmemChat(ChatConfig):
 
         self.name = name
         self.options = options
-        extra = {"segment_reuse": True} if segments else {}
+        flags: dict[str, Any] = {"segment_reuse": True} if segments else {}
+        if engine == "torch":  # it sets torch's thread count itself (vLLM reads OMP_NUM_THREADS)
+            flags["extra"] = {"num_threads": options.threads}
         self.engine = create_engine(engine, model=options.model,
                                     max_model_len=options.max_model_len,
-                                    kv_cache_gib=options.kv_cache_gib, **extra)
+                                    kv_cache_gib=options.kv_cache_gib, **flags)
         if segments and getattr(self.engine, "reuse", None) is None:
             raise ModuleNotFoundError(f"the {engine} engine did not install segment reuse",
                                       name="suffixmem.engine.reuse.hook")
