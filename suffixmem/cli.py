@@ -66,6 +66,18 @@ def _check_engine(name: str) -> None:
         raise typer.BadParameter(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
 
 
+def _sampling(max_tokens: int, temperature: float | None) -> dict[str, Any]:
+    """Sampling options for the manager, validated before paying for an engine start; without
+    a temperature the session's semantic temperature applies."""
+    from suffixmem.engine.protocol import SamplingParams
+
+    sampling: dict[str, Any] = {"max_tokens": max_tokens}
+    if temperature is not None:
+        sampling["temperature"] = temperature
+    SamplingParams(**sampling)
+    return sampling
+
+
 def _make_manager(engine_name: str, model: str, database: str | None, max_model_len: int) -> Any:
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
@@ -104,12 +116,7 @@ def chat(
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
     _check_engine(engine)
-    from suffixmem.engine.protocol import SamplingParams
-
-    sampling: dict[str, Any] = {"max_tokens": max_tokens}
-    if temperature is not None:
-        sampling["temperature"] = temperature
-    SamplingParams(**sampling)  # reject bad values before paying for an engine start
+    sampling = _sampling(max_tokens, temperature)
     with err_console.status(f"starting the {engine} engine on {model} ..."), quiet_stdout():
         mgr = _make_manager(engine, model, database, max_model_len)
     try:
@@ -184,13 +191,9 @@ def ask(
 ) -> None:
     """One-shot question; with --session the turn is stored and later turns reuse its cache."""
     _check_engine(engine)
-    from suffixmem.engine.protocol import SamplingParams
     from suffixmem.errors import InvalidRequestError
 
-    sampling: dict[str, Any] = {"max_tokens": max_tokens}
-    if temperature is not None:
-        sampling["temperature"] = temperature
-    SamplingParams(**sampling)  # reject bad values before paying for an engine start
+    sampling = _sampling(max_tokens, temperature)
     if not text.strip():
         raise InvalidRequestError("the message is empty")
     with quiet_stdout():  # engine start-up logs go to stderr
