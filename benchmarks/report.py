@@ -202,6 +202,11 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def _rounded(turn: dict[str, Any]) -> dict[str, Any]:
+    """Times to the microsecond: the log stays small and loses nothing a clock resolves."""
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in turn.items()}
+
+
 def to_json(report: dict[str, Any]) -> str:
     return json.dumps(_clean(report), indent=1, allow_nan=False)
 
@@ -217,6 +222,6 @@ def write_report(report: dict[str, Any], folder: Path, turns: list[dict[str, Any
     paths = [json_path, md_path, *plot(report, folder)]
     if turns is not None:
         turns_path = folder / "turns.jsonl"
-        turns_path.write_text("".join(json.dumps(_clean(t)) + "\n" for t in turns))
+        turns_path.write_text("".join(json.dumps(_clean(_rounded(t))) + "\n" for t in turns))
         paths.append(turns_path)
     return paths
