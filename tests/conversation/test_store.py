@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from suffixmem.conversation.schema import Base
 from suffixmem.conversation.database import current_revision, downgrade, upgrade
 from suffixmem.conversation.records import NewMessage, NewSession, SegmentSighting, TurnEvent
+from suffixmem.conversation.schema import Base
 from suffixmem.conversation.store import Store
 from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
 
