@@ -28,49 +28,46 @@ The manager never imports torch or vLLM: it speaks the ``Engine`` protocol only.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from suffixmem.conversation import segment_log
 from suffixmem.conversation.layout import LAYOUTS, Layout
 from suffixmem.conversation.locks import SessionBusyError, SessionLocks
+from suffixmem.conversation.manager_config import ManagerConfig, SessionInfo
 from suffixmem.conversation.reconcile import anon_key, check_messages, reconcile
-from suffixmem.conversation.records import NewMessage, NewSession, SessionRecord
+from suffixmem.conversation.records import NewMessage, NewSession
 from suffixmem.conversation.store import Store
 from suffixmem.conversation.topic import (
-    JUMP_TEMPERATURE,
-    START_TEMPERATURE,
     SemanticTemperature,
     TopicDetector,
-    TopicState,
-    TopicVerdict,
+    default_detector,
 )
+from suffixmem.conversation.topic_cache import TopicCache
 from suffixmem.conversation.turns import (
     Plan,
     TurnResult,
     TurnSpec,
+    athread,
     build_prompt,
+    last_event,
+    no_lock,
+    schema_instruction,
     stream_turn,
     turn_event,
     turn_messages,
-    turn_pairs,
     turn_result,
 )
 from suffixmem.conversation.validation import (
-    MAX_TEXT_CHARS,
     check_sampling,
     check_session_id,
     check_text,
 )
 from suffixmem.engine.protocol import Engine, Message, Request, Result, SamplingParams, TokenEvent
-from suffixmem.errors import ConfigError, InvalidRequestError, UnknownSessionError
+from suffixmem.errors import InvalidRequestError, UnknownSessionError
 from suffixmem.retention import PinnedLRU, RetentionPolicy
 from suffixmem.tokens import TokenCounter
 
@@ -79,89 +76,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class ManagerConfig:
-    """Settings of a ``ConversationManager``.
-
-    - ``system_prompt``: default system prompt of new sessions (None: the model template's).
-    - ``layout``: ``"stable"`` (cache-stable, the default) or ``"sliding"`` (baseline).
-    - ``evict_fraction``: share of the budget freed at once when the prompt is too long.
-    - ``context_window``: tokens the prompt plus reply may use (None: the engine's
-      ``max_model_len``). The budget for the prompt is this minus ``reply_reserve``
-      (None: the turn's ``max_tokens``).
-    - ``max_tokens``: default reply length.
-    - ``start_temperature`` / ``jump_temperature`` / ``temperature_recovery``: semantic
-      temperature (0.8, 0.3, +0.1 per turn on topic).
-    - ``topic_detector``: the detector (None: ``default_detector()``, fitted on the bundled
-      corpus when available); ``detect_topics=False`` turns detection off.
-    - ``retention``: the segment retention policy of the segment log (None: ``PinnedLRU``,
-      the same default as the engine's segment cache).
-    - ``lock_timeout_s``: how long a turn waits for its session's lock (``SessionBusyError``).
-    - ``max_message_chars``: size limit of each message / context block / system prompt.
-    - ``exact``: passed to the engine (False lets it reuse document segments approximately).
-    """
-
-    system_prompt: str | None = None
-    layout: str = "stable"
-    evict_fraction: float = 0.5
-    context_window: int | None = None
-    reply_reserve: int | None = None
-    max_tokens: int = 256
-    start_temperature: float = START_TEMPERATURE
-    jump_temperature: float = JUMP_TEMPERATURE
-    temperature_recovery: float = 0.1
-    detect_topics: bool = True
-    topic_detector: TopicDetector | None = None
-    retention: RetentionPolicy | None = None
-    lock_timeout_s: float = 60.0
-    max_message_chars: int = MAX_TEXT_CHARS
-    record_segments: bool = True
-    exact: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise ConfigError(f"unknown layout {self.layout!r}; expected one of {list(LAYOUTS)}")
-        if not 0.0 < self.evict_fraction < 1.0:
-            raise ConfigError(f"evict_fraction must be in (0, 1), got {self.evict_fraction}")
-        if self.context_window is not None and self.context_window < 32:
-            raise ConfigError(f"context_window must be >= 32, got {self.context_window}")
-        if self.reply_reserve is not None and self.reply_reserve < 1:
-            raise ConfigError(f"reply_reserve must be >= 1, got {self.reply_reserve}")
-        if not self.lock_timeout_s > 0:
-            raise ConfigError(f"lock_timeout_s must be > 0, got {self.lock_timeout_s}")
-        if self.max_message_chars < 1:
-            raise ConfigError(f"max_message_chars must be >= 1, got {self.max_message_chars}")
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-
-    @staticmethod
-    def default_database_url() -> str:
-        """SQLite under ``SUFFIXMEM_HOME`` unless ``$SUFFIXMEM_DATABASE_URL`` is set."""
-        from suffixmem.config import default_database_url
-
-        return default_database_url()
-
-
-@dataclass(slots=True, frozen=True)
-class SessionInfo:
-    id: str
-    title: str | None
-    model: str | None
-    temperature: float
-    state: str
-    created_at: datetime
-    updated_at: datetime
-    message_count: int
-    system_prompt: str | None
-
-    @classmethod
-    def from_record(cls, r: SessionRecord) -> SessionInfo:
-        return cls(r.id, r.title, r.model, r.temperature, r.state, r.created_at, r.updated_at,
-                   r.message_count, r.system_prompt)
 
 
 class ConversationManager:
@@ -182,11 +96,9 @@ class ConversationManager:
         )
         self.counter = TokenCounter(engine)
         self.retention: RetentionPolicy = self.config.retention or PinnedLRU()
-        self._detector = self.config.topic_detector
-        self._detector_lock = threading.Lock()
+        self.topics = TopicCache(self.config.detect_topics, self.config.topic_detector,
+                                 default_detector)
         self._locks = SessionLocks(self.config.lock_timeout_s)
-        # session -> (message count, topic state) so the topic is not replayed every turn
-        self._topics: dict[str, tuple[int, TopicState]] = {}
         # session -> writes by this manager; a turn re-reads its state only if it moved
         self._versions: dict[str, int] = {}
         self._bookkeeping = ThreadPoolExecutor(1, thread_name_prefix="suffixmem-segments")
@@ -257,7 +169,7 @@ class ConversationManager:
     def chat(self, session_id: str, message: str, *, context: Sequence[str] = (),
              create: bool = False, **sampling: Any) -> TurnResult:
         """One blocking turn (``stream_chat`` drained)."""
-        return _last(self.stream_chat(session_id, message, context=context, create=create,
+        return last_event(self.stream_chat(session_id, message, context=context, create=create,
                                       **sampling))
 
     def stream_chat(self, session_id: str, message: str, *, context: Sequence[str] = (),
@@ -300,7 +212,7 @@ class ConversationManager:
     def complete(self, session_id: str | None, messages: Sequence[Message], *,
                  show_schema: bool = False, **sampling: Any) -> TurnResult:
         """``stream_complete`` drained."""
-        return _last(self.stream_complete(session_id, messages, show_schema=show_schema,
+        return last_event(self.stream_complete(session_id, messages, show_schema=show_schema,
                                           **sampling))
 
     def stream_complete(self, session_id: str | None, messages: Sequence[Message], *,
@@ -360,13 +272,13 @@ class ConversationManager:
     async def astream_chat(self, session_id: str, message: str, **kwargs: Any
                            ) -> AsyncIterator[TokenEvent | TurnResult]:
         events = await asyncio.to_thread(self.stream_chat, session_id, message, **kwargs)
-        async for e in _athread(events):
+        async for e in athread(events):
             yield e
 
     async def astream_complete(self, session_id: str | None, messages: Sequence[Message],
                                **kwargs: Any) -> AsyncIterator[TokenEvent | TurnResult]:
         events = await asyncio.to_thread(self.stream_complete, session_id, messages, **kwargs)
-        async for e in _athread(events):
+        async for e in athread(events):
             yield e
 
     # -- raw text completion --------------------------------------------------------------------
@@ -385,7 +297,7 @@ class ConversationManager:
                                           sampling=SamplingParams(**params)))
 
     def complete_text(self, session_key: str, prompt: str, **sampling: Any) -> Result:
-        return _last(self.stream_text(session_key, prompt, **sampling))
+        return last_event(self.stream_text(session_key, prompt, **sampling))
 
     # -- the turn path --------------------------------------------------------------------------
     def _new_session(self, system_prompt: str | None = None) -> NewSession:
@@ -394,7 +306,7 @@ class ConversationManager:
                           else self.config.system_prompt)
 
     def _plan(self, spec: TurnSpec) -> Plan:
-        verdict = self._detect(spec)
+        verdict = self.topics.verdict(spec.key, spec.history, spec.user_text, spec.fresh_topic)
         temperature = (
             self.temperature.next(spec.session_temperature, verdict.jump)
             if verdict.similarity is not None else spec.session_temperature
@@ -408,7 +320,7 @@ class ConversationManager:
     def _run(self, plan: Plan, respec: Callable[[], TurnSpec]
              ) -> Iterator[TokenEvent | TurnResult]:
         sid = plan.spec.session_id
-        lock = self._locks.hold(sid, f"turn {id(plan):x}") if sid is not None else _nolock()
+        lock = self._locks.hold(sid, f"turn {id(plan):x}") if sid is not None else no_lock()
         with lock:
             if sid is not None and self._versions.get(sid, 0) != plan.spec.version:
                 plan = self._plan(respec())  # another turn of this manager landed meanwhile
@@ -431,7 +343,7 @@ class ConversationManager:
                     replace_history=plan.spec.replace,
                 )
                 self._versions[sid] = self._versions.get(sid, 0) + 1
-                self._advance_topic(plan, text)
+                self.topics.advance(plan, text)
                 if self.config.record_segments and plan.prompt.segments:
                     self._bookkeeping.submit(self._record_segments, sid, plan, result)
             overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)
@@ -444,47 +356,13 @@ class ConversationManager:
         except Exception:  # bookkeeping only: the turn itself is committed
             log.warning("segment bookkeeping failed for session %s", sid, exc_info=True)
 
-    # -- topics ---------------------------------------------------------------------------------
     def detector(self) -> TopicDetector:
         """The topic detector (built on first use)."""
-        with self._detector_lock:
-            if self._detector is None:
-                from suffixmem.conversation.topic import default_detector
-
-                self._detector = default_detector()
-            return self._detector
-
-    def _detect(self, spec: TurnSpec) -> TopicVerdict:
-        if not self.config.detect_topics:
-            return TopicVerdict(False, None, reason="detection off")
-        if spec.user_text is None:
-            return TopicVerdict(False, None, reason="no user message")
-        detector = self.detector()
-        cached = None if spec.fresh_topic else self._topics.get(spec.key)
-        if cached is None or cached[0] != len(spec.history):
-            state = detector.replay(turn_pairs(spec.history))
-            if not spec.fresh_topic:
-                self._topics[spec.key] = (len(spec.history), state)
-        else:
-            state = cached[1]
-        return detector.observe_user(state, spec.user_text)
-
-    def _advance_topic(self, plan: Plan, reply: str) -> None:
-        key = plan.spec.key
-        if not self.config.detect_topics or plan.spec.user_text is None:
-            self._topics.pop(key, None)
-            return
-        cached = self._topics.get(key)
-        if plan.spec.fresh_topic or cached is None or cached[0] != len(plan.spec.history):
-            self._topics.pop(key, None)  # rebuilt from the store next time
-            return
-        state = cached[1]
-        self.detector().add_turn(state, plan.spec.user_text, reply, plan.verdict.jump)
-        self._topics[key] = (len(plan.spec.history) + len(plan.spec.to_store) + 1, state)
+        return self.topics.detector()
 
     # -- plumbing -------------------------------------------------------------------------------
     def _forget(self, session_id: str) -> None:
-        self._topics.pop(session_id, None)
+        self.topics.forget(session_id)
         self._versions[session_id] = self._versions.get(session_id, 0) + 1
 
     def _release(self, session_id: str) -> None:
@@ -539,46 +417,3 @@ class ConversationManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def schema_instruction(json_schema: dict[str, Any]) -> Message:
-    """The system message that shows the model the JSON schema its reply is constrained to.
-    Guided decoding forces the syntax, not sensible content: a small model shown the schema
-    right before its reply closes the JSON far more often. Placed after the conversation, it
-    leaves the cached prefix of the history untouched. Not stored."""
-    return Message("system", "Reply with a JSON object that matches this JSON schema:\n"
-                   + json.dumps(json_schema))
-
-
-class _nolock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _last(events: Iterator[Any]) -> Any:
-    out = None
-    for out in events:  # noqa: B007 - the last event is the turn's result
-        pass
-    if out is None:
-        raise InvalidRequestError("the turn produced no result")
-    return out
-
-
-async def _athread(events: Iterator[T]) -> AsyncIterator[T]:
-    """Iterate a blocking generator from asyncio, each step in a worker thread; if the consumer
-    stops early the generator is closed (in a thread too), which aborts the turn."""
-    done = object()
-    finished = False
-    try:
-        while True:
-            event = await asyncio.to_thread(next, events, done)
-            if event is done:
-                finished = True
-                return
-            yield event  # type: ignore[misc]
-    finally:
-        if not finished:
-            await asyncio.to_thread(events.close)  # type: ignore[attr-defined]

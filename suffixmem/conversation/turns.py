@@ -19,16 +19,20 @@ engine stream's start, plus from the engine's ``Result`` to the ``TurnResult``.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from suffixmem.conversation.layout import Layout, Prompt
 from suffixmem.conversation.records import NewMessage, NewSession, TurnEvent
 from suffixmem.conversation.topic import TopicVerdict
 from suffixmem.engine.protocol import Message, Request, Result, SamplingParams, TokenEvent
-from suffixmem.errors import ContextWindowError, EngineClosedError
+from suffixmem.errors import ContextWindowError, EngineClosedError, InvalidRequestError
+
+T = TypeVar("T")
 
 HistoryKind = Literal["new", "appended", "rewritten", "stateless"]
 
@@ -207,3 +211,50 @@ def turn_pairs(history: Sequence[Message]) -> list[tuple[str, str]]:
             u, a = pairs[-1]
             pairs[-1] = (u, f"{a}\n{m.content}" if a else m.content)
     return pairs
+
+
+def schema_instruction(json_schema: dict[str, Any]) -> Message:
+    """The system message that shows the model the JSON schema its reply is constrained to.
+    Guided decoding forces the syntax, not sensible content: a small model shown the schema
+    right before its reply closes the JSON far more often. Placed after the conversation, it
+    leaves the cached prefix of the history untouched. Not stored."""
+    return Message("system", "Reply with a JSON object that matches this JSON schema:\n"
+                   + json.dumps(json_schema))
+
+
+class _NoLock:  # stateless turns have no session to lock
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def last_event(events: Iterator[Any]) -> Any:
+    out = None
+    for out in events:  # noqa: B007 - the last event is the turn's result
+        pass
+    if out is None:
+        raise InvalidRequestError("the turn produced no result")
+    return out
+
+
+async def athread(events: Iterator[T]) -> AsyncIterator[T]:
+    """Iterate a blocking generator from asyncio, each step in a worker thread; if the consumer
+    stops early the generator is closed (in a thread too), which aborts the turn."""
+    done = object()
+    finished = False
+    try:
+        while True:
+            event = await asyncio.to_thread(next, events, done)
+            if event is done:
+                finished = True
+                return
+            yield event  # type: ignore[misc]
+    finally:
+        if not finished:
+            await asyncio.to_thread(events.close)  # type: ignore[attr-defined]
+
+
+def no_lock() -> _NoLock:
+    return _NoLock()

@@ -1,0 +1,96 @@
+"""``ManagerConfig`` (the manager's settings) and ``SessionInfo`` (a session as callers see it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from suffixmem.conversation.layout import LAYOUTS
+from suffixmem.conversation.records import SessionRecord
+from suffixmem.conversation.topic import JUMP_TEMPERATURE, START_TEMPERATURE, TopicDetector
+from suffixmem.conversation.validation import MAX_TEXT_CHARS
+from suffixmem.errors import ConfigError
+from suffixmem.retention import RetentionPolicy
+
+
+@dataclass(slots=True)
+class ManagerConfig:
+    """Settings of a ``ConversationManager``.
+
+    - ``system_prompt``: default system prompt of new sessions (None: the model template's).
+    - ``layout``: ``"stable"`` (cache-stable, the default) or ``"sliding"`` (baseline).
+    - ``evict_fraction``: share of the budget freed at once when the prompt is too long.
+    - ``context_window``: tokens the prompt plus reply may use (None: the engine's
+      ``max_model_len``). The budget for the prompt is this minus ``reply_reserve``
+      (None: the turn's ``max_tokens``).
+    - ``max_tokens``: default reply length.
+    - ``start_temperature`` / ``jump_temperature`` / ``temperature_recovery``: semantic
+      temperature (0.8, 0.3, +0.1 per turn on topic).
+    - ``topic_detector``: the detector (None: ``default_detector()``, fitted on the bundled
+      corpus when available); ``detect_topics=False`` turns detection off.
+    - ``retention``: the segment retention policy of the segment log (None: ``PinnedLRU``,
+      the same default as the engine's segment cache).
+    - ``lock_timeout_s``: how long a turn waits for its session's lock (``SessionBusyError``).
+    - ``max_message_chars``: size limit of each message / context block / system prompt.
+    - ``exact``: passed to the engine (False lets it reuse document segments approximately).
+    """
+
+    system_prompt: str | None = None
+    layout: str = "stable"
+    evict_fraction: float = 0.5
+    context_window: int | None = None
+    reply_reserve: int | None = None
+    max_tokens: int = 256
+    start_temperature: float = START_TEMPERATURE
+    jump_temperature: float = JUMP_TEMPERATURE
+    temperature_recovery: float = 0.1
+    detect_topics: bool = True
+    topic_detector: TopicDetector | None = None
+    retention: RetentionPolicy | None = None
+    lock_timeout_s: float = 60.0
+    max_message_chars: int = MAX_TEXT_CHARS
+    record_segments: bool = True
+    exact: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"unknown layout {self.layout!r}; expected one of {list(LAYOUTS)}")
+        if not 0.0 < self.evict_fraction < 1.0:
+            raise ConfigError(f"evict_fraction must be in (0, 1), got {self.evict_fraction}")
+        if self.context_window is not None and self.context_window < 32:
+            raise ConfigError(f"context_window must be >= 32, got {self.context_window}")
+        if self.reply_reserve is not None and self.reply_reserve < 1:
+            raise ConfigError(f"reply_reserve must be >= 1, got {self.reply_reserve}")
+        if not self.lock_timeout_s > 0:
+            raise ConfigError(f"lock_timeout_s must be > 0, got {self.lock_timeout_s}")
+        if self.max_message_chars < 1:
+            raise ConfigError(f"max_message_chars must be >= 1, got {self.max_message_chars}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @staticmethod
+    def default_database_url() -> str:
+        """SQLite under ``SUFFIXMEM_HOME`` unless ``$SUFFIXMEM_DATABASE_URL`` is set."""
+        from suffixmem.config import default_database_url
+
+        return default_database_url()
+
+
+@dataclass(slots=True, frozen=True)
+class SessionInfo:
+    id: str
+    title: str | None
+    model: str | None
+    temperature: float
+    state: str
+    created_at: datetime
+    updated_at: datetime
+    message_count: int
+    system_prompt: str | None
+
+    @classmethod
+    def from_record(cls, r: SessionRecord) -> SessionInfo:
+        return cls(r.id, r.title, r.model, r.temperature, r.state, r.created_at, r.updated_at,
+                   r.message_count, r.system_prompt)

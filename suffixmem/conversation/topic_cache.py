@@ -1,0 +1,67 @@
+"""Per-session topic state for the manager, so a turn costs one ``observe_user`` call.
+
+The verdict (jump or not) must be known before generation because it decides the turn's
+semantic temperature; replaying a whole history through the detector every turn would put that
+work on the path to the first token. So the state after each committed turn is kept per session
+key, stamped with the history length it describes; it is replayed from the history only when
+the stamp does not match (another process wrote, the history was edited) or the caller's
+history is not the stored one (rewritten, stateless).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from suffixmem.conversation.topic import TopicDetector, TopicState, TopicVerdict
+from suffixmem.conversation.turns import Plan, turn_pairs
+from suffixmem.engine.protocol import Message
+
+
+class TopicCache:
+    """Topic verdicts per session key over one lazily built detector."""
+
+    def __init__(self, enabled: bool, detector: TopicDetector | None,
+                 factory: Callable[[], TopicDetector]) -> None:
+        self.enabled = enabled
+        self._detector = detector
+        self._factory = factory
+        self._build_lock = threading.Lock()
+        self._states: dict[str, tuple[int, TopicState]] = {}
+
+    def detector(self) -> TopicDetector:
+        with self._build_lock:
+            if self._detector is None:
+                self._detector = self._factory()
+            return self._detector
+
+    def verdict(self, key: str, history: Sequence[Message], user_text: str | None,
+                fresh: bool) -> TopicVerdict:
+        """Is ``user_text`` a jump from ``history``? (``fresh``: do not trust the cache)."""
+        if not self.enabled:
+            return TopicVerdict(False, None, reason="detection off")
+        if user_text is None:
+            return TopicVerdict(False, None, reason="no user message")
+        detector = self.detector()
+        cached = None if fresh else self._states.get(key)
+        if cached is None or cached[0] != len(history):
+            state = detector.replay(turn_pairs(history))
+            if not fresh:
+                self._states[key] = (len(history), state)
+        else:
+            state = cached[1]
+        return detector.observe_user(state, user_text)
+
+    def advance(self, plan: Plan, reply: str) -> None:
+        """Account the committed turn (or drop the state, rebuilt on the next turn)."""
+        spec = plan.spec
+        cached = self._states.get(spec.key)
+        if (not self.enabled or spec.user_text is None or spec.fresh_topic or cached is None
+                or cached[0] != len(spec.history)):
+            self._states.pop(spec.key, None)
+            return
+        self.detector().add_turn(cached[1], spec.user_text, reply, plan.verdict.jump)
+        self._states[spec.key] = (len(spec.history) + len(spec.to_store) + 1, cached[1])
+
+    def forget(self, key: str) -> None:
+        self._states.pop(key, None)
