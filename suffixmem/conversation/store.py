@@ -54,7 +54,7 @@ from suffixmem.conversation.schema import (
     TurnEventRow,
     utcnow,
 )
-from suffixmem.conversation.validation import check_session_id
+from suffixmem.conversation.validation import check_session_id, check_text
 from suffixmem.engine.protocol import ROLES
 from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
 
@@ -304,6 +304,9 @@ class Store:
                 raise InvalidRequestError(f"messages[{i}] is not a NewMessage")
             if m.role not in ROLES:
                 raise InvalidRequestError(f"messages[{i}] has unknown role {m.role!r}")
+            # what reaches SQL is storable text; an empty user/tool/system message would break
+            # every later turn of the session
+            check_text(f"messages[{i}].content", m.content, allow_empty=m.role == "assistant")
             if m.token_ids is not None and m.role != "assistant":
                 raise InvalidRequestError("token_ids may only be stored for assistant messages")
 

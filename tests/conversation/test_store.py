@@ -185,6 +185,12 @@ def test_bad_input(sqlite_url: str) -> None:
             st.open_session(bad)  # type: ignore[arg-type]
         assert "\n" not in str(e.value)
     assert st.list_sessions() == []
+    st.open_session("ok")
+    for bad, why in ((NewMessage("user", ""), "empty"), (NewMessage("tool", "a\x00"), "NUL")):
+        with pytest.raises(InvalidRequestError, match=why):
+            st.append_messages("ok", [NewMessage("user", "fine"), bad])
+    st.append_messages("ok", [NewMessage("assistant", "")])  # an empty reply is legitimate
+    assert [m.content for m in st.messages("ok")] == [""]
     st.close()
 
 
