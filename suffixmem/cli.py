@@ -11,6 +11,7 @@ bad line and goes on. Everything that can be checked is checked before the engin
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import uuid
@@ -212,7 +213,9 @@ def chat(
     sampling, url = _preflight(engine, max_tokens, temperature, database, session)
     if system is not None:
         check_text(system, "--system")
-    if isinstance(sys.stdin, __import__("io").TextIOWrapper):
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # undecodable bytes become lone surrogates, which check_text rejects line by line,
+        # instead of a UnicodeDecodeError that would end the REPL
         sys.stdin.reconfigure(errors="surrogateescape")
     with err_console.status(f"starting the {engine} engine on {model} ..."), quiet_stdout():
         mgr = _make_manager(engine, model, url, max_model_len)
