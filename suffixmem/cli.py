@@ -1,24 +1,41 @@
 """The ``suffixmem`` command line: ``chat``, ``ask``, ``model``, ``bench ...``.
 
 Heavy modules (torch, vLLM) load only inside the commands that need them, so ``--help`` is
-instant. Bench commands are contributed by modules with a ``register(bench)`` function.
+instant. ``bench`` commands come from the ``suffixmem.bench`` entry-point group (the separate
+``suffixmem-bench`` distribution under benchmarks/); the library never imports them by name.
+
+Every bad input (unknown option values, bad text, an unusable SUFFIXMEM_HOME or database URL,
+an unknown session) prints one line on stderr and exits with code 2; the chat REPL reports a
+bad line and goes on. Everything that can be checked is checked before the engine starts.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
+import io
 import json
-import os
 import sys
-from collections.abc import Iterator
+import uuid
+from importlib.metadata import entry_points
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from suffixmem.config import DEFAULT_MODEL, ENGINES
-from suffixmem.errors import SuffixmemError
+from suffixmem.config import DEFAULT_MODEL, ENGINES, database_url, mask_url, suffixmem_home
+from suffixmem.errors import (
+    ConfigError,
+    InvalidRequestError,
+    StoreError,
+    SuffixmemError,
+    UnknownSessionError,
+)
+from suffixmem.stdio import quiet_stdout
+
+try:  # typer >= 0.20 vendors click; older ones use click itself
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -28,42 +45,58 @@ app = typer.Typer(
     add_completion=False,
     help="suffixmem: chat with a local LLM whose KV cache lives across turns and sessions.",
 )
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print measured figures.")
+bench_app = typer.Typer(
+    no_args_is_help=True,
+    help="Benchmarks that print measured figures (installed with the suffixmem-bench "
+    "distribution, benchmarks/ in the repository).")
 app.add_typer(bench_app, name="bench")
 
-# modules that contribute `suffixmem bench NAME` commands; missing ones are skipped
-BENCH_MODULES = (
-    "suffixmem.bench.ttft",
-    "suffixmem.bench.engines",
-    "suffixmem.bench.segments",
-    "suffixmem.bench.layout",
-    "suffixmem.bench.topics",
-    "suffixmem.bench.retention",
-    "benchmarks.chat",
-)
-
-
-@contextlib.contextmanager
-def quiet_stdout(active: bool = True) -> Iterator[None]:
-    """Send everything written to stdout (vLLM's logs, C++ warnings) to stderr, so that a
-    ``--json`` command's stdout holds only its JSON."""
-    if not active:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+BENCH_GROUP = "suffixmem.bench"  # entry points: NAME = "module:register", register(bench_app)
 
 
 def _check_engine(name: str) -> None:
     if name not in ENGINES:
-        raise typer.BadParameter(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
+        raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
+
+
+def check_text(text: str, field: str) -> str:
+    """``text`` unchanged if it is valid Unicode without NUL; else ``InvalidRequestError``
+    naming ``field``. Undecodable bytes in argv or stdin arrive as lone surrogates
+    (surrogateescape), which nothing downstream can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"{field} is not valid UTF-8 text (undecodable byte at character {e.start})"
+        ) from None
+    if "\x00" in text:
+        raise InvalidRequestError(f"{field} contains a NUL character")
+    return text
+
+
+def _check_database(url: str | None) -> str:
+    """The database URL, parsed and opened once, before any engine starts: a typo costs a
+    second, not an engine start-up. Messages show the URL with its password masked."""
+    from sqlalchemy import create_engine
+
+    url = database_url(url)
+    try:
+        eng = create_engine(url)
+        try:
+            with eng.connect():
+                pass
+        finally:
+            eng.dispose()
+    except Exception as e:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+        detail = reason[0] if reason else type(e).__name__
+        from sqlalchemy.engine import make_url
+
+        password = make_url(url).password
+        if password:
+            detail = detail.replace(str(password), "***")
+        raise StoreError(f"cannot open the database {mask_url(url)}: {detail}") from None
+    return url
 
 
 def _sampling(max_tokens: int, temperature: float | None) -> dict[str, Any]:
@@ -78,23 +111,59 @@ def _sampling(max_tokens: int, temperature: float | None) -> dict[str, Any]:
     return sampling
 
 
-def _make_manager(engine_name: str, model: str, database: str | None, max_model_len: int) -> Any:
+def _preflight(engine: str, max_tokens: int, temperature: float | None,
+               database: str | None, session: str | None) -> tuple[dict[str, Any], str]:
+    """Every check that needs no engine, in order: engine name, sampling values, session id
+    text, SUFFIXMEM_HOME, database URL (parsed and opened). Returns (sampling, database URL)."""
+    _check_engine(engine)
+    sampling = _sampling(max_tokens, temperature)
+    if session is not None:
+        check_text(session, "--session")
+    suffixmem_home()
+    return sampling, _check_database(database)
+
+
+def _make_manager(engine_name: str, model: str, database: str, max_model_len: int) -> Any:
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
 
     engine = create_engine(engine_name, model=model, max_model_len=max_model_len)
-    mgr = ConversationManager(engine, database_url=database)
-    # Load the topic detector now rather than inside the first turn (its first build, once per
-    # SUFFIXMEM_HOME, fits it on chatterbot-corpus and takes about a minute).
-    with err_console.status("preparing the topic detector (first run only: about a minute)"):
-        mgr.detector()
+    try:
+        mgr = ConversationManager(engine, database_url=database)
+        # Load the topic detector now rather than inside the first turn (its first build, once
+        # per SUFFIXMEM_HOME, fits it on chatterbot-corpus and takes about a minute).
+        with err_console.status("preparing the topic detector (first run only: about a minute)"):
+            mgr.detector()
+    except BaseException:
+        engine.close()
+        raise
     return mgr
 
 
+def _session_to_use(mgr: Any, session: str | None, new: bool) -> str | None:
+    """Resolve ``--session``/``--new``: an existing session to continue, or the id of one to
+    create (None: a fresh id). ``--session`` alone must name an existing session, so a typo
+    is an error instead of a silently created empty session."""
+    if session is None:
+        return None
+    exists = True
+    try:
+        mgr.get_session(session)
+    except UnknownSessionError:
+        exists = False
+    if new and exists:
+        raise InvalidRequestError(
+            f"--session {session!r} already exists; drop --new to continue it")
+    if not new and not exists:
+        raise UnknownSessionError(session)
+    return session
+
+
 def _turn_line(turn: Any) -> str:
+    """The figures shown after every turn, the sampling temperature it used included."""
     out_tokens = turn.result.output_tokens
     tps = turn.result.decode_tokens_per_s
-    jump = " · [yellow]topic jump[/]" if getattr(turn, "topic_jump", False) else ""
+    jump = " · [yellow]topic jump[/]" if turn.topic_jump else ""
     return (
         f"[dim]prompt {turn.prompt_tokens} · cached {turn.cached_tokens} · "
         f"ttft {turn.ttft_s * 1000:.0f} ms · {out_tokens} tokens at {tps:.1f} tok/s · "
@@ -102,11 +171,37 @@ def _turn_line(turn: Any) -> str:
     )
 
 
+def _stream_turn(events: Any) -> Any:
+    """Print a turn's tokens as they come; the final ``TurnResult`` (or None)."""
+    turn = None
+    for event in events:
+        if hasattr(event, "token_id"):
+            console.print(event.text, end="", markup=False, highlight=False)
+        else:
+            turn = event
+    console.print()
+    if turn is not None:
+        console.print(_turn_line(turn))
+    return turn
+
+
+def _read_line() -> str | None:
+    """One line of REPL input, None at end of input. Undecodable bytes come back as lone
+    surrogates (stdin uses surrogateescape) so the REPL can reject the line and go on."""
+    try:
+        return console.input("[bold green]you>[/] ")
+    except (EOFError, KeyboardInterrupt):
+        console.print()
+        return None
+
+
 @app.command()
 def chat(
     engine: str = typer.Option("vllm", help="Engine: vllm (default) or torch."),
     model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
-    session: str | None = typer.Option(None, help="Resume this session id."),
+    session: str | None = typer.Option(
+        None, help="Resume this existing session (with --new: start a session with this id)."),
+    new: bool = typer.Option(False, "--new", help="Create the --session id instead of resuming."),
     system: str | None = typer.Option(None, help="System prompt for a new session."),
     max_tokens: int = typer.Option(256, help="Reply length limit in tokens."),
     temperature: float | None = typer.Option(
@@ -115,24 +210,31 @@ def chat(
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
-    _check_engine(engine)
-    sampling = _sampling(max_tokens, temperature)
+    sampling, url = _preflight(engine, max_tokens, temperature, database, session)
+    if system is not None:
+        check_text(system, "--system")
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # undecodable bytes become lone surrogates, which check_text rejects line by line,
+        # instead of a UnicodeDecodeError that would end the REPL
+        sys.stdin.reconfigure(errors="surrogateescape")
     with err_console.status(f"starting the {engine} engine on {model} ..."), quiet_stdout():
-        mgr = _make_manager(engine, model, database, max_model_len)
+        mgr = _make_manager(engine, model, url, max_model_len)
     try:
-        info = mgr.open_session(session, system_prompt=system)
+        sid = _session_to_use(mgr, session, new)
+        info = (mgr.get_session(sid) if sid is not None and not new
+                else mgr.open_session(sid, system_prompt=system))
         console.print(
-            f"[bold]suffixmem[/] chat — session [cyan]{info.id}[/] on {engine}/{model}. "
+            f"[bold]suffixmem[/] chat — session [cyan]{escape(info.id)}[/] on {engine}/{model}. "
             "Type /help for commands."
         )
-        while True:
-            try:
-                text = console.input("[bold green]you>[/] ")
-            except (EOFError, KeyboardInterrupt):
-                console.print()
-                break
-            text = text.strip()
+        while (line := _read_line()) is not None:
+            text = line.strip()
             if not text:
+                continue
+            try:
+                check_text(text, "the message")
+            except InvalidRequestError as e:
+                console.print(f"[red]error:[/] {escape(str(e))}")
                 continue
             if text.startswith("/"):
                 cmd = text.split()[0]
@@ -148,29 +250,21 @@ def chat(
                     for s in mgr.list_sessions():
                         mark = "*" if s.id == info.id else " "
                         console.print(
-                            f"{mark} [cyan]{s.id}[/] {s.message_count} messages · "
-                            f"temperature {s.temperature:.2f} · {s.title or ''}"
+                            f"{mark} [cyan]{escape(s.id)}[/] {s.message_count} messages · "
+                            f"temperature {s.temperature:.2f} · {escape(s.title or '')}"
                         )
                 elif cmd == "/stats":
                     console.print_json(data=mgr.stats(info.id))
                 else:
-                    console.print(f"[red]unknown command {cmd}[/]; /help lists them")
+                    console.print(f"[red]unknown command {escape(cmd)}[/]; /help lists them")
                 continue
             console.print("[bold blue]bot>[/] ", end="")
             try:
-                turn = None
-                for event in mgr.stream_chat(info.id, text, **sampling):
-                    if hasattr(event, "token_id"):
-                        console.print(event.text, end="", markup=False, highlight=False)
-                    else:
-                        turn = event
-                console.print()
-                if turn is not None:
-                    console.print(_turn_line(turn))
+                _stream_turn(mgr.stream_chat(info.id, text, **sampling))
             except KeyboardInterrupt:
                 console.print("\n[yellow]cancelled; the turn was not stored[/]")
             except SuffixmemError as e:
-                console.print(f"\n[red]error:[/] {e}")
+                console.print(f"\n[red]error:[/] {escape(str(e))}")
     finally:
         mgr.close()
         mgr.engine.close()
@@ -179,7 +273,9 @@ def chat(
 @app.command()
 def ask(
     text: str = typer.Argument(..., help="The message to send."),
-    session: str | None = typer.Option(None, help="Continue this session (created if new)."),
+    session: str | None = typer.Option(
+        None, help="Continue this existing session (with --new: create it with this turn)."),
+    new: bool = typer.Option(False, "--new", help="Create the --session id instead of resuming."),
     engine: str = typer.Option("vllm", help="Engine: vllm (default) or torch."),
     model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
     max_tokens: int = typer.Option(256, help="Reply length limit in tokens."),
@@ -189,23 +285,23 @@ def ask(
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """One-shot question; with --session the turn is stored and later turns reuse its cache."""
-    _check_engine(engine)
-    from suffixmem.errors import InvalidRequestError
-
-    sampling = _sampling(max_tokens, temperature)
+    """One-shot question; the turn is stored (a new session unless --session names one) and
+    later turns reuse its cache. A failed turn stores nothing, not even an empty session."""
+    sampling, url = _preflight(engine, max_tokens, temperature, database, session)
+    check_text(text, "the message")
     if not text.strip():
         raise InvalidRequestError("the message is empty")
     with quiet_stdout():  # engine start-up logs go to stderr
-        mgr = _make_manager(engine, model, database, max_model_len)
+        mgr = _make_manager(engine, model, url, max_model_len)
     try:
-        info = mgr.open_session(session)
+        sid = _session_to_use(mgr, session, new) or uuid.uuid4().hex
+        # create=True: the session row is written with the turn's commit, never before it
         if as_json:
             with quiet_stdout():
-                turn = mgr.chat(info.id, text, **sampling)
+                turn = mgr.chat(sid, text, create=True, **sampling)
             print(json.dumps({
                 "text": turn.text,
-                "session_id": info.id,
+                "session_id": turn.session_id,
                 "prompt_tokens": turn.prompt_tokens,
                 "cached_tokens": turn.cached_tokens,
                 "output_tokens": turn.result.output_tokens,
@@ -216,16 +312,8 @@ def ask(
                 "topic_jump": turn.topic_jump,
             }))
             return
-        turn = None
-        for event in mgr.stream_chat(info.id, text, **sampling):
-            if hasattr(event, "token_id"):
-                console.print(event.text, end="", markup=False, highlight=False)
-            else:
-                turn = event
-        console.print()
-        if turn is not None:
-            console.print(_turn_line(turn))
-        console.print(f"[dim]session {info.id}[/]")
+        _stream_turn(mgr.stream_chat(sid, text, create=True, **sampling))
+        console.print(f"[dim]session {escape(sid)}[/]")
     finally:
         with quiet_stdout(as_json):
             mgr.close()
@@ -242,6 +330,8 @@ def model(
     from suffixmem.models import MODELS, model_info, resolve_model
     from suffixmem.models import verify as verify_folder
 
+    check_text(name, "the model name")
+    suffixmem_home()
     folder = resolve_model(name, progress=not as_json)
     info = model_info(folder)
     if verify:
@@ -258,25 +348,46 @@ def model(
         raise typer.Exit(1)
 
 
-def _register_benches() -> None:
-    for module in BENCH_MODULES:
+def register_benches(bench: typer.Typer = bench_app) -> list[str]:
+    """Add every ``suffixmem.bench`` entry point's commands to ``bench``; the names loaded.
+
+    An entry point whose own module is not there (a distribution part not built yet) is
+    skipped; any other import error is a bug in that benchmark and is raised."""
+    loaded = []
+    for ep in entry_points(group=BENCH_GROUP):
         try:
-            mod = importlib.import_module(module)
+            register = ep.load()
         except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue  # not built yet
+            if e.name and ep.module.startswith(e.name):
+                continue
             raise
-        mod.register(bench_app)
+        register(bench)
+        loaded.append(ep.name)
+    return loaded
 
 
-def main() -> None:
-    """Console-script entry point: suffixmem errors print as one clear line, exit code 2."""
-    _register_benches()
+def _one_line(message: str) -> None:
+    err_console.print(f"[red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point. Bad input of any kind (a suffixmem error or a usage error)
+    prints one line on stderr and exits with code 2; no traceback."""
+    register_benches()
     try:
-        app()
+        code = app(args=argv, standalone_mode=False)
+    except NoArgsIsHelpError as e:
+        e.show()
+        raise SystemExit(e.exit_code) from None
     except SuffixmemError as e:
-        err_console.print(f"[red]error:[/] {e}")
-        raise SystemExit(2) from e
+        _one_line(str(e))
+        raise SystemExit(2) from None
+    except ClickException as e:  # usage errors: unknown option, a value of the wrong type...
+        _one_line(e.format_message())
+        raise SystemExit(e.exit_code) from None
+    except typer.Abort:
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

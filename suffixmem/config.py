@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,30 @@ ENGINES = ("vllm", "torch")
 
 
 def suffixmem_home() -> Path:
-    """Where models and the default database live: ``$SUFFIXMEM_HOME`` or the user cache dir."""
+    """Where models and the default database live: ``$SUFFIXMEM_HOME`` or the user cache dir.
+
+    The folder is created if missing. Raises ``ConfigError`` (one line) when it is a file, cannot
+    be created, or is not writable, so that no command gets as far as a traceback over it.
+    """
     env = os.environ.get("SUFFIXMEM_HOME")
     if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
+        home, name = Path(env).expanduser(), f"SUFFIXMEM_HOME={env}"
+    else:
+        from platformdirs import user_cache_dir
 
-    return Path(user_cache_dir("suffixmem"))
+        home = Path(user_cache_dir("suffixmem"))
+        name = f"the suffixmem cache folder {home}"
+    if home.exists() and not home.is_dir():
+        raise ConfigError(f"{name} is a file, not a folder; set SUFFIXMEM_HOME to a folder")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"{name} cannot be created ({e.strerror or e}); set SUFFIXMEM_HOME to a writable "
+            "folder") from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name} is not writable; set SUFFIXMEM_HOME to a writable folder")
+    return home
 
 
 def default_database_url() -> str:
@@ -28,9 +46,35 @@ def default_database_url() -> str:
     env = os.environ.get("SUFFIXMEM_DATABASE_URL")
     if env:
         return env
-    home = suffixmem_home()
-    home.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{home / 'suffixmem.db'}"
+    return f"sqlite:///{suffixmem_home() / 'suffixmem.db'}"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for messages and logs; works on URLs that
+    SQLAlchemy cannot parse too (everything between ``user:`` and the last ``@``)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return re.sub(r"(://[^/@:]*:).*@", r"\1***@", url)
+
+
+def database_url(url: str | None = None) -> str:
+    """The database URL to use: ``url``, else ``default_database_url()``; checked to parse.
+
+    Raises ``ConfigError`` naming the URL with its password masked (never echoed in clear).
+    """
+    from sqlalchemy.engine import make_url
+
+    raw = default_database_url() if url is None else url
+    try:
+        make_url(raw)
+    except Exception:
+        raise ConfigError(
+            f"cannot parse the database URL {mask_url(raw)!r}; expected "
+            "dialect+driver://user:password@host:port/database or sqlite:///path") from None
+    return raw
 
 
 def cuda_available() -> bool:

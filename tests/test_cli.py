@@ -1,9 +1,13 @@
-"""The command line, run as a user runs it (subprocesses on the real model)."""
+"""The command line, run as a user runs it (subprocesses on the real model).
+
+Every bad input prints exactly one line on stderr and exits with code 2 (issue 18); those that
+need no engine are rejected before one starts (no engine log on stderr)."""
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,21 +15,92 @@ from pathlib import Path
 import pytest
 
 EXE = [sys.executable, "-m", "suffixmem.cli"]
+BAD_BYTE = os.fsdecode(b"caf\xe9 \xff")  # Latin-1 text in argv: not UTF-8
 
 
-def _run(args: list[str], db: Path, stdin: str | None = None, timeout: int = 300):  # type: ignore[no-untyped-def]
-    env = {**os.environ, "SUFFIXMEM_DATABASE_URL": f"sqlite:///{db}"}
-    return subprocess.run([*EXE, *args], input=stdin, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+def _run(args: list[str], db: Path, stdin: str | bytes | None = None, timeout: int = 300,
+         **env: str):  # type: ignore[no-untyped-def]
+    full_env = {**os.environ, "SUFFIXMEM_DATABASE_URL": f"sqlite:///{db}", **env}
+    if isinstance(stdin, str):
+        stdin = stdin.encode()
+    r = subprocess.run([*EXE, *args], input=stdin, capture_output=True, env=full_env,
+                       timeout=timeout)
+    r.stdout = r.stdout.decode("utf-8", "replace")
+    r.stderr = r.stderr.decode("utf-8", "replace")
+    return r
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit code 2 and a stderr of exactly one line, ``error: ...``, containing ``needles``."""
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _error_lines(r: subprocess.CompletedProcess[str]) -> list[str]:
+    """After an engine started (its logs share stderr): the ``error: ...`` lines (in the REPL
+    after its ``you>`` prompt), and no traceback anywhere."""
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-3000:]
+    lines = (r.stdout + "\n" + r.stderr).splitlines()
+    return [line[line.index("error: "):] for line in lines if "error: " in line]
+
+
+def _session_rows(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT count(*) FROM sessions").fetchone()[0]
 
 
 def test_bad_arguments_fail_fast_with_a_clear_message(tmp_path: Path) -> None:
-    r = _run(["ask", "--engine", "nope", "hi"], tmp_path / "db.sqlite")
-    assert r.returncode != 0 and "unknown engine 'nope'" in r.stdout + r.stderr
-    r = _run(["ask", "--max-tokens", "0", "hi"], tmp_path / "db.sqlite")
-    assert r.returncode == 2 and "max_tokens must be > 0" in r.stderr
-    r = _run(["ask", "   "], tmp_path / "db.sqlite")
-    assert r.returncode == 2 and "empty" in r.stderr
+    db = tmp_path / "db.sqlite"
+    _one_line_error(_run(["ask", "--engine", "nope", "hi"], db), "unknown engine 'nope'")
+    _one_line_error(_run(["ask", "--max-tokens", "0", "hi"], db), "max_tokens must be > 0")
+    _one_line_error(_run(["ask", "--max-tokens", "abc", "hi"], db), "--max-tokens")
+    _one_line_error(_run(["ask", "   "], db), "empty")
+    _one_line_error(_run(["nosuch"], db), "nosuch")
+
+
+def test_non_utf8_arguments_are_one_line_errors(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    _one_line_error(_run(["ask", BAD_BYTE], db), "the message is not valid UTF-8")
+    _one_line_error(_run(["ask", "--session", BAD_BYTE, "hi"], db),
+                    "--session is not valid UTF-8")
+    _one_line_error(_run(["chat", "--system", BAD_BYTE], db), "--system is not valid UTF-8")
+    _one_line_error(_run(["model", BAD_BYTE], db), "model name is not valid UTF-8")
+
+
+def test_unusable_suffixmem_home_is_a_one_line_config_error(tmp_path: Path) -> None:
+    a_file = tmp_path / "home-is-a-file"
+    a_file.write_text("not a folder")
+    # no SUFFIXMEM_DATABASE_URL: the default database lives under SUFFIXMEM_HOME
+    env = {k: v for k, v in os.environ.items() if k != "SUFFIXMEM_DATABASE_URL"}
+    for home, why in ((a_file, "is a file"), (a_file / "sub", "cannot be created")):
+        for args in (["ask", "hi"], ["chat"], ["model"]):
+            r = subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=120,
+                               env={**env, "SUFFIXMEM_HOME": str(home)})
+            _one_line_error(r, "SUFFIXMEM_HOME", why)
+
+
+def test_unparseable_database_url_is_shown_with_its_password_masked(tmp_path: Path) -> None:
+    url = "postgresql+psycopg://alice:hunter2@db.example:port/chat"
+    for args in (["ask", "--database", url, "hi"], ["chat", "--database", url]):
+        line = _one_line_error(_run(args, tmp_path / "db.sqlite"), "cannot parse",
+                               "alice:***@db.example")
+        assert "hunter2" not in line
+    r = _run(["ask", "hi"], tmp_path / "db.sqlite", SUFFIXMEM_DATABASE_URL=url)
+    assert "hunter2" not in _one_line_error(r, "alice:***@")
+
+
+def test_ask_checks_the_database_before_starting_the_engine(tmp_path: Path) -> None:
+    unreachable = "postgresql+psycopg://alice:hunter2@127.0.0.1:1/chat"  # nothing listens there
+    line = _one_line_error(_run(["ask", "--database", unreachable, "hi"], tmp_path / "x"),
+                           "cannot open the database", "alice:***@127.0.0.1:1")
+    assert "hunter2" not in line
+    missing_dir = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir.db'}"
+    _one_line_error(_run(["ask", "--database", missing_dir, "hi"], tmp_path / "x"),
+                    "cannot open the database")
 
 
 @pytest.mark.slow
@@ -58,3 +133,47 @@ def test_interactive_chat_commands(tmp_path: Path) -> None:
     assert "cached" in out and "ttft" in out and "tok/s" in out
     assert "new session" in out
     assert out.count("messages ·") >= 3  # /sessions listed 1, then 2 sessions
+    assert "temperature 0.00" in out  # the turn's temperature, shown after the turn
+
+
+@pytest.mark.slow
+def test_chat_repl_reports_undecodable_input_and_goes_on(tmp_path: Path) -> None:
+    script = b"caf\xe9 \xff\nWhat is the capital of France?\n/quit\n"
+    r = _run(["chat", "--engine", "torch", "--max-tokens", "16", "--temperature", "0"],
+             tmp_path / "db.sqlite", stdin=script)
+    assert r.returncode == 0, r.stderr[-2000:]
+    errors = _error_lines(r)
+    assert errors == ["error: the message is not valid UTF-8 text (undecodable byte at "
+                      "character 3)"], errors
+    assert "Paris" in r.stdout  # the next line was answered
+    assert "temperature" in r.stdout
+
+
+@pytest.mark.slow
+def test_unknown_session_is_an_error_not_a_new_session(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    for args in (["chat", "--session", "typo"], ["ask", "--session", "typo", "hi"]):
+        r = _run([*args, "--engine", "torch", "--max-tokens", "4"], db, stdin="hi\n/quit\n")
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert _error_lines(r) == ["error: unknown session 'typo'"]
+        assert _session_rows(db) == 0
+    # --new creates it explicitly, and then refuses to create it twice
+    r = _run(["ask", "--session", "mine", "--new", "--engine", "torch", "--max-tokens", "4",
+              "hi"], db)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _session_rows(db) == 1
+    r = _run(["ask", "--session", "mine", "--new", "--engine", "torch", "hi"], db)
+    assert r.returncode == 2 and _error_lines(r) == [
+        "error: --session 'mine' already exists; drop --new to continue it"]
+
+
+@pytest.mark.slow
+def test_failed_ask_leaves_no_empty_session(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    too_long = "lighthouse " * 400  # far more than the 64-token window below
+    r = _run(["ask", "--engine", "torch", "--max-model-len", "64", "--max-tokens", "8",
+              too_long], db)
+    assert r.returncode == 2, r.stderr[-2000:]
+    (line,) = _error_lines(r)
+    assert "does not fit the context window" in line
+    assert _session_rows(db) == 0

@@ -12,9 +12,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from benchmarks.chat import register, run_one
-from benchmarks.peers import EngineOptions
-from benchmarks.workload import Workload
+from suffixmem_bench.chat.peers import EngineOptions
+from suffixmem_bench.chat.run import register, run_one
+from suffixmem_bench.chat.workload import Workload
 
 KEYS = ("ttft_p50_s", "ttft_p50_from_turn8_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s",
         "output_tok_s", "prompt_tok_s", "hit_rate", "hit_ceiling", "peak_rss_mb")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.metrics import (
+from suffixmem_bench.chat.metrics import (
     CeilingTracker,
     TurnRecord,
     add_ratios,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from benchmarks.workload import (
+from suffixmem_bench.chat.workload import (
     DIALOGUE_TOPICS,
     SESSION_TOPICS,
     build_workload,

@@ -9,13 +9,6 @@ from typing import Any
 
 import pytest
 
-from suffixmem.bench.retention import (
-    T0,
-    log_workload,
-    replay_lru,
-    replay_value,
-    simulate_workload,
-)
 from suffixmem.conversation.store import SegmentEvent, Store
 from suffixmem.conversation.value import (
     HeuristicValueScorer,
@@ -27,6 +20,13 @@ from suffixmem.conversation.value import (
     tier_of,
     token_entropy,
     train_value_scorer,
+)
+from suffixmem_bench.retention import (
+    T0,
+    log_workload,
+    replay_lru,
+    replay_value,
+    simulate_workload,
 )
 
 

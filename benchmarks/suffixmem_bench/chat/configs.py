@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peers import (
+from suffixmem_bench.chat.peers import (
     MIB,
     ChatConfig,
     EngineOptions,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import typer
 
-from suffixmem.bench import segments as bench
+from suffixmem_bench import segments as bench
 
 
 @pytest.fixture(scope="module")

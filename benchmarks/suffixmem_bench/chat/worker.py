@@ -1,7 +1,7 @@
 """One configuration over the workload, in a process of its own.
 
-``python -m benchmarks.worker SPEC.json`` builds the configuration named in the spec, runs the
-workload and writes JSON lines to its standard output, one per event:
+``python -m suffixmem_bench.chat.worker SPEC.json`` builds the configuration named in the spec,
+runs the workload and writes JSON lines to its standard output, one per event:
 ``{"event": "started", "startup_s"}``, ``{"event": "turn", "record": {...}}`` per turn, then
 one of ``{"event": "done", "wall_s", "peak_rss_mb", "kv_pool_mb", "kv_held_mb", ...}``,
 ``{"event": "missing", "reason"}`` (the configuration cannot be built here: a module or package
@@ -23,9 +23,9 @@ import time
 import traceback
 from typing import IO, Any
 
-from benchmarks.metrics import CeilingTracker, TurnRecord
-from benchmarks.peers import ChatConfig, EngineOptions
-from benchmarks.workload import Workload, schedule
+from suffixmem_bench.chat.metrics import CeilingTracker, TurnRecord
+from suffixmem_bench.chat.peers import ChatConfig, EngineOptions
+from suffixmem_bench.chat.workload import Workload, schedule
 
 
 def _peak_rss_mb() -> float:
@@ -96,7 +96,7 @@ def main(spec_path: str, out: IO[str]) -> int:
         out.write(json.dumps(event) + "\n")
         out.flush()
 
-    from benchmarks.configs import build_config
+    from suffixmem_bench.chat.configs import build_config
 
     t0 = time.perf_counter()
     try:

@@ -22,8 +22,8 @@ from typing import Any
 
 import typer
 
-from suffixmem.bench.corpus import reference_text
 from suffixmem.config import DEFAULT_MODEL
+from suffixmem_bench.corpus import reference_text
 
 ENGINE_NAMES = ("torch", "transformers", "vllm")
 
@@ -213,7 +213,11 @@ def register(bench: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Prefill, warm TTFT and decode speed of torch, transformers and vLLM, vs limits."""
-        from suffixmem.cli import console, quiet_stdout
+        from rich.console import Console
+
+        from suffixmem.stdio import quiet_stdout
+
+        console = Console()
 
         names = [e.strip() for e in engines.split(",") if e.strip()]
         with quiet_stdout(as_json):

@@ -1,12 +1,12 @@
 """What users would run instead of suffixmem: each peer keeps a plain text history per session
 and sends the whole of it every turn, rendered with the model's chat template.
 
-Every configuration (here and in ``benchmarks.configs``) is a ``ChatConfig``:
+Every configuration (here and in ``configs``) is a ``ChatConfig``:
 ``open(session, system_prompt)`` once per session, then ``turn(session, text) -> TurnOutcome``;
 ``turn`` is called from one thread per session in concurrent mode, so per-session state is kept
 apart and engine access is serialized where the engine is not thread-safe (llama.cpp).
 
-Timing contract (see ``benchmarks.metrics``): the clock starts before the history is rendered
+Timing contract (see ``metrics``): the clock starts before the history is rendered
 and tokenized, since a user of the peer pays for that every turn too.
 """
 

@@ -8,17 +8,17 @@ from typing import Any
 import pytest
 import torch
 
-from suffixmem.bench.engines import measure_limits, model_costs, run_engines
+from suffixmem_bench.engines import measure_limits, model_costs, run_engines
 
 
-def test_cost_model_agrees_with_the_loaded_model(model_path: Path, real_fp32: Any) -> None:
+def test_cost_model_agrees_with_the_loaded_model(model_path: Path, fp32_llama: Any) -> None:
     costs = model_costs(model_path, 100)
-    c = real_fp32.config
+    c = fp32_llama.config
     kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 100 * 2  # bf16 bytes
     # the weights a decode step reads, counted by the model itself (bf16 = half of fp32)
-    assert costs["decode_bytes_per_token"] == real_fp32.weight_bytes // 2 + kv
+    assert costs["decode_bytes_per_token"] == fp32_llama.weight_bytes // 2 + kv
     attn = sum(4 * c.num_heads * c.head_dim * (t + 1) * c.num_layers for t in range(100))
-    matmuls = 100 * real_fp32.flops_per_token(0)
+    matmuls = 100 * fp32_llama.flops_per_token(0)
     assert costs["prefill_flops"] == matmuls + attn + 2 * c.hidden_size * c.vocab_size
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 
-from suffixmem.bench.corpus import reference_text
 from suffixmem.config import DEFAULT_MODEL
+from suffixmem_bench.corpus import reference_text
 
 
 def run_ttft(
@@ -59,7 +59,11 @@ def register(bench: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Time to first token of one long prompt, cold then warm (cached)."""
-        from suffixmem.cli import console, quiet_stdout
+        from rich.console import Console
+
+        from suffixmem.stdio import quiet_stdout
+
+        console = Console()
 
         with quiet_stdout(as_json):
             result = run_ttft(engine, prompt_tokens, model)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from suffixmem.bench.retention import run_retention
+from suffixmem_bench.retention import run_retention
 
 
 def test_retention_bench_small() -> None:
@@ -22,7 +22,7 @@ def test_retention_bench_small() -> None:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_layout_bench_on_vllm(vllm_engine: Any) -> None:
-    from suffixmem.bench.layout import run_layout
+    from suffixmem_bench.layout import run_layout
 
     r = run_layout(turns=14, context_window=448, max_tokens=24, engine=vllm_engine)
     assert r["suffixmem_evictions"] >= 1 and r["sliding_window_evictions"] >= 1

@@ -1,12 +1,12 @@
 """``suffixmem bench chat``: multi-session, multi-turn chat against naive recompute and peers.
 
-``run_chat(...)`` builds the workload (``benchmarks.workload``), runs every configuration in a
-process of its own (``benchmarks.worker``), one after the other, and returns the report:
+``run_chat(...)`` builds the workload (``workload``), runs every configuration in a
+process of its own (``worker``), one after the other, and returns the report:
 ``{"configs": {NAME: figures}, "targets": {...}, "machine": {...}, "workload": {...},
-"date": ...}``. Figures are defined in ``benchmarks.metrics``; a configuration that cannot be
+"date": ...}``. Figures are defined in ``metrics``; a configuration that cannot be
 built here (a module not written yet, a package not installed) has ``status: "missing"`` and a
 reason, one that failed ``status: "error"``; nothing is estimated in their place.
-``write_report`` (``benchmarks.report``) turns the report into JSON, markdown and PNG plots.
+``write_report`` (``report``) turns the report into JSON, markdown and PNG plots.
 """
 
 from __future__ import annotations
@@ -26,13 +26,18 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from benchmarks.configs import CONFIGS, DEFAULT_CONFIGS
-from benchmarks.metrics import TurnRecord, add_ratios, by_turn, evaluate_targets, summarize
-from benchmarks.peers import EngineOptions
-from benchmarks.report import machine_info, markdown_table, to_json, write_report
-from benchmarks.workload import Workload, build_workload
+from suffixmem_bench.chat.configs import CONFIGS, DEFAULT_CONFIGS
+from suffixmem_bench.chat.metrics import (
+    TurnRecord,
+    add_ratios,
+    by_turn,
+    evaluate_targets,
+    summarize,
+)
+from suffixmem_bench.chat.peers import EngineOptions
+from suffixmem_bench.chat.report import machine_info, markdown_table, to_json, write_report
+from suffixmem_bench.chat.workload import Workload, build_workload
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path("results/chat")
 err_console = Console(stderr=True)
 
@@ -67,7 +72,6 @@ def run_one(
     spec_path.write_text(json.dumps(spec))
     log_path = log_dir / f"{name}.log"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # every engine gets the same number of threads (vLLM reads this, torch and OpenMP too)
     env["OMP_NUM_THREADS"] = str(options.threads)
@@ -76,8 +80,8 @@ def run_one(
     startup = float("nan")
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.worker", str(spec_path)],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=str(REPO_ROOT),
+            [sys.executable, "-m", "suffixmem_bench.chat.worker", str(spec_path)],
+            stdout=subprocess.PIPE, stderr=log, text=True, env=env,
         )
         killer = threading.Timer(timeout_s, proc.kill)
         killer.start()

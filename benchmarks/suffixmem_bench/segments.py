@@ -41,8 +41,8 @@ from typing import Any
 
 import typer
 
-from suffixmem.bench.corpus import reference_text, stdlib_paragraphs
 from suffixmem.config import DEFAULT_MODEL
+from suffixmem_bench.corpus import reference_text, stdlib_paragraphs
 
 GATE_TOP1 = 0.95
 GATE_KL = 0.05
@@ -525,7 +525,11 @@ def register(bench: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Segment reuse against full recomputation: KL, top-1, TTFT over a (k, r) grid."""
-        from suffixmem.cli import console, quiet_stdout
+        from rich.console import Console
+
+        from suffixmem.stdio import quiet_stdout
+
+        console = Console()
 
         with quiet_stdout(as_json):
             result = run_segments(

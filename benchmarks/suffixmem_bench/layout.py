@@ -109,7 +109,7 @@ def register(bench: Any) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Cache hit rate: cache-stable layout vs a per-message sliding window (vLLM)."""
-        from suffixmem.cli import quiet_stdout
+        from suffixmem.stdio import quiet_stdout
 
         with quiet_stdout(as_json):
             result = run_layout(turns, context_window, max_tokens, evict_fraction, seed)
