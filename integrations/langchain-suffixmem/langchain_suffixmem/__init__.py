@@ -1,20 +1,17 @@
-"""LangChain adapters for suffixmem (``pip install 'suffixmem[langchain]'``).
+"""LangChain integration of suffixmem (distribution ``langchain-suffixmem``).
 
-- ``SuffixMemChatModel``: chat model (``BaseChatModel``) with real streaming, the model's chat
-  template, per-session prefix caching and structured output by guided decoding.
+Every class goes through suffixmem's ``ConversationManager`` (shared per process and database
+by ``suffixmem.runtime.get_manager``):
+
+- ``SuffixMemChatModel``: chat model (``BaseChatModel``) with real streaming, per-session
+  turns stored in SQL, topic jumps, semantic temperature, prefix caching, and structured output
+  by guided decoding.
 - ``SuffixMemLLM``: text LLM (``BaseLLM``).
-- ``SuffixMemChatMessageHistory``: chat history in suffixmem's SQL conversation store.
+- ``SuffixMemChatMessageHistory``: chat history of a suffixmem session.
 """
 
-try:
-    import langchain_core  # noqa: F401
-except ImportError as e:  # say how to get it, not just what is missing
-    raise ImportError(
-        "suffixmem's LangChain adapters need LangChain: pip install 'suffixmem[langchain]'"
-    ) from e
-
-from integrations.langchain.chat_message_histories import SuffixMemChatMessageHistory
-from integrations.langchain.chat_models import SuffixMemChatModel
-from integrations.langchain.llms import SuffixMemLLM
+from langchain_suffixmem.chat_message_histories import SuffixMemChatMessageHistory
+from langchain_suffixmem.chat_models import SuffixMemChatModel
+from langchain_suffixmem.llms import SuffixMemLLM
 
 __all__ = ["SuffixMemChatMessageHistory", "SuffixMemChatModel", "SuffixMemLLM"]

@@ -1,18 +1,19 @@
-"""What the LangChain chat model and LLM share: engine fields, sampling fields, and the
-translation of a run's config into a suffixmem session."""
+"""What the LangChain chat model and LLM share: engine and sampling fields, the shared
+``ConversationManager`` they call, and the translation of a run's config into a session."""
 
 from __future__ import annotations
 
-import uuid
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from suffixmem import client
+from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
-from suffixmem.engine.protocol import Engine, SamplingParams
+from suffixmem.conversation.manager import ConversationManager
+from suffixmem.errors import InvalidRequestError
 
 # configurable keys naming the conversation, in order of preference
 SESSION_KEYS = ("session_id", "thread_id")
@@ -33,17 +34,18 @@ def session_from_config(config: RunnableConfig | None) -> str | None:
     return None
 
 
-def _new_session_id() -> str:
-    return f"lc-{uuid.uuid4().hex[:16]}"
-
-
 class SuffixMemParams(BaseModel):
-    """Engine and sampling fields of the suffixmem LangChain models.
+    """Engine, database and sampling fields of the suffixmem LangChain models.
 
     ``engine`` is an engine name (``"vllm"``, ``"torch"``), started on first use and shared
-    process-wide through ``suffixmem.client.get_engine(engine, model=model, **engine_options)``,
-    or an engine instance. ``session_id`` is the cache namespace used when the run's config
-    names none.
+    process-wide (``suffixmem.runtime.get_engine(engine, model=model, **engine_options)``), or
+    an engine instance. Every call goes through the process-wide ``ConversationManager`` of that
+    engine and ``database_url`` (``suffixmem.runtime.get_manager``). ``session_id`` is the
+    session used when the run's config names none; ``None`` (the default) is stateless: nothing
+    is stored, the cache namespace is derived from the conversation's start.
+
+    Sampling fields left ``None`` take the manager's defaults; ``temperature=None`` is the
+    session's semantic temperature (it drops on a topic jump).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
@@ -51,80 +53,111 @@ class SuffixMemParams(BaseModel):
     engine: Any = Field(default="vllm", exclude=True)
     model: str = DEFAULT_MODEL
     engine_options: dict[str, Any] = Field(default_factory=dict)
-    session_id: str = Field(default_factory=_new_session_id)
-    temperature: float = 0.0
-    max_tokens: int = 256
-    top_p: float = 1.0
+    database_url: str | None = None
+    session_id: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
     stop: list[str] | None = None
     timeout: float | None = None
-    """Seconds a call may take, checked between tokens; ``TimeoutError`` aborts it."""
+    """Seconds a call may take, checked between tokens; ``TimeoutError`` aborts it (nothing is
+    stored)."""
     streaming: bool = False
     show_schema: bool = True
     """Show the model the JSON schema of structured output (a system message after the
-    conversation) besides constraining decoding to it (``suffixmem.client.schema_instruction``)."""
+    conversation, not stored) besides constraining decoding to it."""
 
-    _engine: Engine | None = PrivateAttr(default=None)
+    _manager: ConversationManager | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check_engine(self) -> SuffixMemParams:
         if isinstance(self.engine, str):
             # validate the options now (cheap) rather than when the engine first starts
             EngineConfig(model=self.model, **self.engine_options)
-            client.engine_supports_json_schema(self.engine)  # unknown names raise here
+            runtime.supports_json_schema(self.engine)  # unknown names raise here
         else:
-            self._engine = self.engine
             self.model = self.engine.model_name
-        client.sampling_params(**self._sampling_values({}))
+        if self.timeout is not None and self.timeout <= 0:
+            raise InvalidRequestError(f"timeout must be > 0 seconds, got {self.timeout}")
         return self
 
-    def get_engine(self) -> Engine:
-        """The engine (started on first call, shared with every instance of equal config)."""
-        if self._engine is None:
-            self._engine = client.get_engine(self.engine, model=self.model, **self.engine_options)
-        return self._engine
+    def get_manager(self) -> ConversationManager:
+        """The shared manager (its engine started on first call)."""
+        if self._manager is None:
+            if isinstance(self.engine, str):
+                self._manager = runtime.get_manager(
+                    self.engine, database_url=self.database_url, model=self.model,
+                    **self.engine_options)
+            else:
+                self._manager = runtime.get_manager(self.engine, database_url=self.database_url)
+        return self._manager
 
     @property
     def supports_json_schema(self) -> bool:
         """Whether the engine can constrain output to a JSON schema (``with_structured_output``)."""
-        return client.engine_supports_json_schema(self._engine or self.engine)
-
-    def _sampling_values(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "max_tokens": self.max_tokens,
-            "seed": self.seed,
-            **{k: kwargs[k] for k in SAMPLING_KWARGS if k in kwargs},
-        }
+        return runtime.supports_json_schema(self.engine)
 
     def _call_args(
         self, stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[str, SamplingParams]:
-        """The session and sampling of one call, from its keyword arguments and the instance.
-
-        Unknown keyword arguments raise ``ValueError`` (rather than being silently dropped).
-        """
+    ) -> tuple[str | None, dict[str, Any]]:
+        """The session and sampling values of one call, from its keyword arguments and the
+        instance. Unknown keyword arguments raise ``InvalidRequestError`` (rather than being
+        silently dropped); the values themselves are checked by the manager."""
         kwargs = dict(kwargs)
         session_id = kwargs.pop("session_id", None) or self.session_id
         model = kwargs.pop("model", None)
         if model is not None and model != self.model:
-            raise ValueError(
-                f"this instance serves {self.model!r}; per-call model override to {model!r} is "
+            raise InvalidRequestError(
+                f"model: this instance serves {self.model!r}; per-call override to {model!r} is "
                 "not supported (create another instance)"
             )
         kwargs.pop("stream", None)  # LangChain's own streaming switch
         unknown = sorted(set(kwargs) - SAMPLING_KWARGS)
         if unknown:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"unsupported keyword argument(s) {unknown}; accepted: "
                 f"{sorted(SAMPLING_KWARGS | {'session_id', 'model'})}"
             )
-        values = self._sampling_values(kwargs)
-        values["stop"] = stop if stop is not None else self.stop
-        return str(session_id), client.sampling_params(**values)
+        values = {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "max_tokens": self.max_tokens, "seed": self.seed,
+            "stop": tuple(stop) if stop is not None else
+            (tuple(self.stop) if self.stop is not None else None),
+            **kwargs,
+        }
+        # None means "the default": leave it out so the manager decides
+        return session_id, {k: v for k, v in values.items() if v is not None}
+
+
+def with_deadline(events: Iterator[Any], timeout: float | None) -> Iterator[Any]:
+    """``events`` aborted (closed, so the turn stores nothing) with ``TimeoutError`` once
+    ``timeout`` seconds have passed, checked between tokens."""
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    try:
+        for event in events:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TimeoutError(f"no complete reply within {timeout} s; request aborted")
+            yield event
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+
+
+async def awith_deadline(events: AsyncIterator[Any], timeout: float | None) -> AsyncIterator[Any]:
+    """The asyncio twin of ``with_deadline``."""
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    try:
+        async for event in events:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TimeoutError(f"no complete reply within {timeout} s; request aborted")
+            yield event
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 class SessionConfigMixin:

@@ -1,18 +1,18 @@
-"""``SuffixMemChatMessageHistory``: LangChain chat history in the suffixmem conversation store."""
+"""``SuffixMemChatMessageHistory``: LangChain chat history of one suffixmem session, read and
+written through the shared ``ConversationManager`` (its session lock, its SQL store)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 
-from integrations.langchain.messages import to_langchain, to_suffixmem
-from suffixmem import client
-
-if TYPE_CHECKING:  # pragma: no cover
-    from suffixmem.conversation.store import Store
+from langchain_suffixmem.messages import STORED_KEY, to_langchain, to_suffixmem
+from suffixmem import runtime
+from suffixmem.conversation.manager import ConversationManager
+from suffixmem.engine.protocol import Message
+from suffixmem.errors import InvalidRequestError, UnknownSessionError
 
 
 class SuffixMemChatMessageHistory(BaseChatMessageHistory):
@@ -20,10 +20,21 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
     ``ConversationManager`` and ``suffixmem chat`` use, so a conversation started in LangChain
     can be listed and continued there.
 
-    ``database_url`` defaults to suffixmem's own database; instances for the same URL share one
-    store (``suffixmem.client.get_store``). With ``create=True`` (default) an unknown session
-    reads as empty and is created on the first write; with ``create=False`` it raises
+    ``manager`` defaults to the process-wide one of ``engine`` (a name or instance) and
+    ``database_url`` (``suffixmem.runtime.get_manager``); use the same as the chat model's so
+    both take the same session lock. With ``create=True`` (default) an unknown session reads as
+    empty and is created on the first write; with ``create=False`` it raises
     ``UnknownSessionError`` (a ``KeyError``).
+
+    **Turns the chat model already stored.** ``SuffixMemChatModel`` stores each turn it
+    generates (through the manager), and ``RunnableWithMessageHistory`` then calls
+    ``add_messages([question, reply])``. The reply carries where it was stored
+    (``response_metadata["suffixmem_stored"]``); if the session still holds it there,
+    ``add_messages`` skips it and the messages just before it that the same turn stored.
+    Everything else is appended, a legitimately repeated message included.
+
+    An empty (or whitespace-only) message raises ``InvalidRequestError``: it would give the
+    model nothing to read and every later turn would have to carry it.
 
     ```python
     from langchain_core.runnables.history import RunnableWithMessageHistory
@@ -38,31 +49,75 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
         self,
         session_id: str,
         *,
+        engine: str | object = "vllm",
         database_url: str | None = None,
-        store: Store | None = None,
+        manager: ConversationManager | None = None,
         create: bool = True,
+        **engine_options: object,
     ) -> None:
         if not isinstance(session_id, str) or not session_id:
-            raise ValueError("session_id must be a non-empty string")
+            raise InvalidRequestError("session_id must be a non-empty string")
         self.session_id = session_id
-        self.store = store if store is not None else client.get_store(database_url)
+        self.manager = manager if manager is not None else runtime.get_manager(
+            engine, database_url=database_url, **engine_options)  # type: ignore[arg-type]
         self.create = create
         if not create:
-            self.store.require_session(session_id)
+            self.manager.get_session(session_id)  # UnknownSessionError now, not later
+
+    def _stored(self) -> list[Message]:
+        try:
+            return self.manager.history(self.session_id)
+        except UnknownSessionError:
+            if self.create:
+                return []
+            raise
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        return [
-            to_langchain(m)
-            for m in client.read_history(self.store, self.session_id, create=self.create)
-        ]
+        return [to_langchain(m) for m in self._stored()]
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        client.write_history(
-            self.store, self.session_id, to_suffixmem(messages), create=self.create
-        )
+        new = to_suffixmem(messages)  # InvalidRequestError for what the model cannot read
+        for i, m in enumerate(new):
+            if not m.content.strip():
+                raise InvalidRequestError(
+                    f"messages[{i}].content is empty; a chat history keeps only messages "
+                    "with text")
+        keep = self._not_yet_stored(messages, new)
+        if not keep:
+            return
+        if self.create:
+            self.manager.open_session(self.session_id)
+        self.manager.append_messages(self.session_id, keep)
+
+    def _not_yet_stored(self, messages: Sequence[BaseMessage], new: list[Message]
+                        ) -> list[Message]:
+        """``new`` without the turns the chat model stored itself (see the class docstring)."""
+        skip: set[int] = set()
+        stored: list[Message] | None = None
+        for i, lc in enumerate(messages):
+            mark = lc.response_metadata.get(STORED_KEY) if isinstance(lc, AIMessage) else None
+            if not isinstance(mark, dict) or mark.get("session_id") != self.session_id:
+                continue
+            if stored is None:
+                stored = self._stored()
+            at = mark.get("index")
+            if not (isinstance(at, int) and 0 <= at < len(stored) and _same(stored[at], new[i])):
+                continue  # the history changed since: store the reply as sent
+            skip.add(i)
+            # the inputs of that turn: the messages right before the reply that match the
+            # stored ones right before it, position by position
+            j, k = i - 1, at - 1
+            while j >= 0 and k >= 0 and j not in skip and _same(stored[k], new[j]):
+                skip.add(j)
+                j, k = j - 1, k - 1
+        return [m for i, m in enumerate(new) if i not in skip]
 
     def clear(self) -> None:
         if self.create:
-            self.store.open_session(self.session_id)
-        self.store.clear_history(self.session_id)
+            self.manager.open_session(self.session_id)
+        self.manager.clear_history(self.session_id)
+
+
+def _same(a: Message, b: Message) -> bool:
+    return a.role == b.role and a.content == b.content

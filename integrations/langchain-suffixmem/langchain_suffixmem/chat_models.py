@@ -1,8 +1,9 @@
-"""``SuffixMemChatModel``: a LangChain chat model on a suffixmem engine.
+"""``SuffixMemChatModel``: a LangChain chat model on suffixmem's ``ConversationManager``.
 
 Translation only: LangChain messages become suffixmem messages, the run's config names the
-session (the engine's cache namespace), and engine events become ``AIMessageChunk``s. The
-rendering that keeps the prompt cache-stable turn after turn lives in ``suffixmem.client``.
+session, and the manager's events become ``AIMessageChunk``s. The manager reconciles the sent
+messages with the stored session (appended / rewritten / new / stateless), lays the prompt out
+for the cache, detects topic jumps, picks the semantic temperature and stores the turn.
 """
 
 from __future__ import annotations
@@ -33,33 +34,48 @@ from langchain_core.runnables import (
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
-from integrations.langchain._base import SessionConfigMixin, SuffixMemParams
-from integrations.langchain.messages import to_suffixmem
-from suffixmem import client
-from suffixmem.engine.protocol import Result, TokenEvent
+from langchain_suffixmem._base import (
+    SessionConfigMixin,
+    SuffixMemParams,
+    awith_deadline,
+    with_deadline,
+)
+from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
+from suffixmem.conversation.manager import TurnResult
+from suffixmem.engine.protocol import TokenEvent
 
 StructuredMethod = Literal["json_schema", "json_mode", "function_calling"]
 
 
-def usage_metadata(result: Result) -> UsageMetadata:
+def usage_metadata(turn: TurnResult) -> UsageMetadata:
     """LangChain usage of one reply; ``input_token_details.cache_read`` = cached tokens."""
+    output = turn.result.output_tokens
     return UsageMetadata(
-        input_tokens=result.prompt_tokens,
-        output_tokens=result.output_tokens,
-        total_tokens=result.prompt_tokens + result.output_tokens,
-        input_token_details=InputTokenDetails(cache_read=result.cached_tokens),
+        input_tokens=turn.prompt_tokens,
+        output_tokens=output,
+        total_tokens=turn.prompt_tokens + output,
+        input_token_details=InputTokenDetails(cache_read=turn.cached_tokens),
     )
 
 
-def response_metadata(result: Result, model_name: str) -> dict[str, Any]:
-    """Model name, finish reason, session, and timings (seconds) of one reply."""
-    return {
+def response_metadata(turn: TurnResult, model_name: str, stored_index: int | None
+                      ) -> dict[str, Any]:
+    """Model name, finish reason, session, timings (seconds), the turn's topic verdict and
+    temperature, and (for a stored turn) where the reply sits in the session's history, which
+    ``SuffixMemChatMessageHistory.add_messages`` uses to not store it twice."""
+    meta: dict[str, Any] = {
         "model_name": model_name,
-        "finish_reason": result.finish_reason,
-        "session_id": result.session_key,
-        "time_to_first_token_s": result.ttft_s,
-        "latency_s": result.latency_s,
+        "finish_reason": turn.result.finish_reason,
+        "session_id": turn.session_id,
+        "time_to_first_token_s": turn.ttft_s,
+        "latency_s": turn.latency_s,
+        "topic_jump": turn.topic_jump,
+        "temperature": turn.temperature,
+        "history": getattr(turn, "history", None),
     }
+    if stored_index is not None:
+        meta[STORED_KEY] = {"session_id": turn.session_id, "index": stored_index}
+    return meta
 
 
 class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
@@ -67,14 +83,15 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     per-session prefix caching, and cached tokens reported as ``cache_read``.
 
     ```python
-    from integrations.langchain import SuffixMemChatModel
+    from langchain_suffixmem import SuffixMemChatModel
 
     chat = SuffixMemChatModel(max_tokens=64)
     chat.invoke("Hello", config={"configurable": {"session_id": "alice"}})
     ```
 
     The session comes from ``config["configurable"]["session_id"]`` (or ``thread_id``), else a
-    ``session_id=`` call argument, else the instance's ``session_id``. Per-call keyword
+    ``session_id=`` call argument, else the instance's ``session_id``; with none, the call is
+    stateless (nothing stored). Per-call keyword
     arguments: ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed``, ``stop``.
     ``with_structured_output`` uses the engine's JSON-schema guided decoding; it raises
     ``NotImplementedError`` on engines without it (``supports_json_schema`` is false). There is
@@ -102,17 +119,20 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         return params
 
     # -- generation -----------------------------------------------------------------------------
-    def _chunk(self, event: TokenEvent | Result) -> ChatGenerationChunk:
-        if isinstance(event, TokenEvent):
-            return ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+    def _final_chunk(self, turn: TurnResult, session_id: str | None) -> ChatGenerationChunk:
+        index = None
+        if session_id is not None:
+            # the reply is the session's last message now (the session lock is released, but
+            # a framework drives one session from one place at a time)
+            index = self.get_manager().get_session(session_id).message_count - 1
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
-                usage_metadata=usage_metadata(event),
-                response_metadata=response_metadata(event, self.model),
+                usage_metadata=usage_metadata(turn),
+                response_metadata=response_metadata(turn, self.model, index),
                 chunk_position="last",
             ),
-            generation_info={"finish_reason": event.finish_reason},
+            generation_info={"finish_reason": turn.result.finish_reason},
         )
 
     def _stream(
@@ -123,18 +143,18 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         session_id, sampling = self._call_args(stop, kwargs)
-        prompt = to_suffixmem(messages)
-        events = client.stream(
-            self.get_engine(), session_id, prompt, sampling,
-            timeout=self.timeout, show_schema=self.show_schema,
-        )
-        for event in events:
-            if isinstance(event, TokenEvent) and not event.text:
-                continue  # a token that completes no character yet
-            chunk = self._chunk(event)
-            if run_manager is not None and isinstance(event, TokenEvent):
-                run_manager.on_llm_new_token(event.text, chunk=chunk)
-            yield chunk
+        events = self.get_manager().stream_complete(  # bad input raises here
+            session_id, to_suffixmem(messages), show_schema=self.show_schema, **sampling)
+        for event in with_deadline(events, self.timeout):
+            if isinstance(event, TokenEvent):
+                if not event.text:
+                    continue  # a token that completes no character yet
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(event.text, chunk=chunk)
+                yield chunk
+            else:
+                yield self._final_chunk(event, session_id)
 
     async def _astream(
         self,
@@ -144,18 +164,18 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         session_id, sampling = self._call_args(stop, kwargs)
-        prompt = to_suffixmem(messages)
-        engine = self.get_engine()
-        async for event in client.astream(
-            engine, session_id, prompt, sampling,
-            timeout=self.timeout, show_schema=self.show_schema,
-        ):
-            if isinstance(event, TokenEvent) and not event.text:
-                continue
-            chunk = self._chunk(event)
-            if run_manager is not None and isinstance(event, TokenEvent):
-                await run_manager.on_llm_new_token(event.text, chunk=chunk)
-            yield chunk
+        events = self.get_manager().astream_complete(
+            session_id, to_suffixmem(messages), show_schema=self.show_schema, **sampling)
+        async for event in awith_deadline(events, self.timeout):
+            if isinstance(event, TokenEvent):
+                if not event.text:
+                    continue
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(event.text, chunk=chunk)
+                yield chunk
+            else:
+                yield self._final_chunk(event, session_id)
 
     def _generate(
         self,

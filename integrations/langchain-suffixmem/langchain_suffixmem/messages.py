@@ -15,6 +15,10 @@ from langchain_core.messages import (
 )
 
 from suffixmem.engine.protocol import Message
+from suffixmem.errors import InvalidRequestError
+
+# ``response_metadata`` key of a reply the manager already stored: {"session_id", "index"}
+STORED_KEY = "suffixmem_stored"
 
 # ChatMessage roles as LangChain spells them -> suffixmem roles
 _CHAT_ROLES = {
@@ -31,8 +35,8 @@ _CHAT_ROLES = {
 def text_of(content: str | list[Any], where: str) -> str:
     """The text of a message's ``content``: a string, or a list of strings and ``text`` blocks.
 
-    Any other block (image, audio, file, tool use...) raises ``ValueError``: the model reads
-    text only.
+    Any other block (image, audio, file, tool use...) raises ``InvalidRequestError``: the model
+    reads text only.
     """
     if isinstance(content, str):
         return content
@@ -44,7 +48,7 @@ def text_of(content: str | list[Any], where: str) -> str:
             parts.append(str(block.get("text", "")))
         else:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise ValueError(
+            raise InvalidRequestError(
                 f"{where} has a {kind!r} content block; suffixmem models read text only "
                 "(strings and {'type': 'text'} blocks)"
             )
@@ -52,14 +56,14 @@ def text_of(content: str | list[Any], where: str) -> str:
 
 
 def role_of(message: BaseMessage, where: str) -> str:
-    """The suffixmem role of a LangChain message, or ``ValueError`` for one we cannot render."""
+    """The suffixmem role of a LangChain message, or ``InvalidRequestError`` if unrenderable."""
     if isinstance(message, SystemMessage):
         return "system"
     if isinstance(message, HumanMessage):
         return "user"
     if isinstance(message, AIMessage):
         if message.tool_calls or message.invalid_tool_calls:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"{where} is an AIMessage with tool calls; suffixmem models have no tool "
                 "calling, so such a history cannot be rendered"
             )
@@ -69,19 +73,20 @@ def role_of(message: BaseMessage, where: str) -> str:
     if isinstance(message, ChatMessage):
         role = _CHAT_ROLES.get(message.role)
         if role is None:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"{where} is a ChatMessage with role {message.role!r}; expected one of "
                 f"{sorted(_CHAT_ROLES)}"
             )
         return role
-    raise ValueError(
+    raise InvalidRequestError(
         f"{where} is a {type(message).__name__} (type {message.type!r}), which suffixmem cannot "
         "render; use SystemMessage, HumanMessage, AIMessage, ToolMessage or ChatMessage"
     )
 
 
 def to_suffixmem(messages: Sequence[BaseMessage]) -> list[Message]:
-    """LangChain messages -> suffixmem messages, or ``ValueError`` naming the offending one."""
+    """LangChain messages -> suffixmem messages, or ``InvalidRequestError`` naming the offending
+    one."""
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
