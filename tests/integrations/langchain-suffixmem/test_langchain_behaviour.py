@@ -14,9 +14,9 @@ from langchain_core.messages import (
     SystemMessage,
 )
 from langchain_core.prompts import ChatPromptTemplate
-from lc_setup import MODEL_PARAMS
+from adapter_setup import MODEL_PARAMS
 
-from integrations.langchain import SuffixMemChatModel, SuffixMemLLM
+from langchain_suffixmem import SuffixMemChatModel, SuffixMemLLM
 from suffixmem import client
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import ContextWindowError

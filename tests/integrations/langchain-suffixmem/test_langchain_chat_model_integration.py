@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
-from lc_setup import MODEL_PARAMS
+from adapter_setup import MODEL_PARAMS
 
-from integrations.langchain import SuffixMemChatModel
+from langchain_suffixmem import SuffixMemChatModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 

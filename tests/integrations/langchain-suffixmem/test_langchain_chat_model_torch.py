@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
-from lc_setup import TORCH_PARAMS
+from adapter_setup import TORCH_PARAMS
 
-from integrations.langchain import SuffixMemChatModel
+from langchain_suffixmem import SuffixMemChatModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from langchain_tests.unit_tests import ChatModelUnitTests
 
-from integrations.langchain import SuffixMemChatModel
+from langchain_suffixmem import SuffixMemChatModel
 
 # the engine is started lazily, so construction needs no model
 PARAMS: dict[str, Any] = {"model": "smollm2-135m-instruct"}

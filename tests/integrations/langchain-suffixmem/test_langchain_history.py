@@ -10,9 +10,9 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
-from lc_setup import MODEL_PARAMS
+from adapter_setup import MODEL_PARAMS
 
-from integrations.langchain import SuffixMemChatMessageHistory, SuffixMemChatModel
+from langchain_suffixmem import SuffixMemChatMessageHistory, SuffixMemChatModel
 from suffixmem import client
 from suffixmem.conversation.store import Store
 from suffixmem.errors import UnknownSessionError

@@ -1,42 +1,40 @@
-"""The LlamaIndex adapter package: its public names, and suffixmem without LlamaIndex."""
+"""The llama-index-llms-suffixmem and llama-index-storage-chat-store-suffixmem distributions:
+public names, namespace packages, dependencies."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import tomllib
+from pathlib import Path
 
-import integrations.llama_index
+import pytest
 
-# Importing suffixmem (and the adapters' facade) with the frameworks made unimportable.
-WITHOUT_FRAMEWORKS = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('langchain_core', 'llama_index'):
-            raise ImportError('blocked ' + name)
-sys.meta_path.insert(0, Block())
-import suffixmem, suffixmem.client
-suffixmem.client.sampling_params(max_tokens=3)
-heavy = ['torch', 'vllm', 'transformers', 'langchain_core', 'llama_index']
-print(sorted(m for m in heavy if m in sys.modules))
-try:
-    import integrations.llama_index
-except ImportError as e:
-    print(e)
-"""
+import llama_index.llms.suffixmem
+import llama_index.storage.chat_store.suffixmem
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_public_names() -> None:
-    assert sorted(integrations.llama_index.__all__) == [
-        "SuffixMemChatStore", "SuffixMemLLM"]
-    for name in integrations.llama_index.__all__:
-        assert getattr(integrations.llama_index, name).__name__ == name
+@pytest.mark.parametrize(("module", "names"), [
+    (llama_index.llms.suffixmem, ["SuffixMemLLM"]),
+    (llama_index.storage.chat_store.suffixmem, ["SuffixMemChatStore"]),
+])
+def test_public_names(module: object, names: list[str]) -> None:
+    assert module.__all__ == names  # type: ignore[attr-defined]
+    for name in names:
+        assert getattr(module, name).__name__ == name
 
 
-def test_suffixmem_imports_without_llama_index() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", WITHOUT_FRAMEWORKS], capture_output=True, text=True, check=True
-    ).stdout.splitlines()
-    assert out[0] == "[]"  # nothing heavy, no framework
-    assert out[1] == (
-        "suffixmem's LlamaIndex adapters need LlamaIndex: pip install 'suffixmem[llamaindex]'")
+@pytest.mark.parametrize(("dist", "parts"), [
+    ("llama-index-llms-suffixmem", ("llama_index", "llms")),
+    ("llama-index-storage-chat-store-suffixmem", ("llama_index", "storage", "chat_store")),
+])
+def test_namespace_packages_and_dependencies(dist: str, parts: tuple[str, ...]) -> None:
+    base = ROOT / "integrations" / dist
+    # LlamaIndex's namespace packages: no __init__.py above our own package
+    for depth in range(1, len(parts) + 1):
+        assert not (base.joinpath(*parts[:depth]) / "__init__.py").exists()
+    assert (base.joinpath(*parts) / "suffixmem" / "__init__.py").exists()
+    meta = tomllib.loads((base / "pyproject.toml").read_text())
+    assert meta["project"]["name"] == dist
+    deps = [d.split(">")[0].split("=")[0] for d in meta["project"]["dependencies"]]
+    assert deps == ["suffixmem", "llama-index-core"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from li_setup import LLM_PARAMS
+from adapter_setup import LLM_PARAMS
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.memory import ChatMemoryBuffer
