@@ -9,6 +9,7 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage
 
 from langchain_suffixmem.messages import STORED_KEY, to_langchain, to_suffixmem
+from langchain_suffixmem.stored_turns import STORED_TURNS
 from suffixmem import runtime
 from suffixmem.conversation.manager import ConversationManager
 from suffixmem.engine.protocol import Message
@@ -29,7 +30,8 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
     **Turns the chat model already stored.** ``SuffixMemChatModel`` stores each turn it
     generates (through the manager), and ``RunnableWithMessageHistory`` then calls
     ``add_messages([question, reply])``. The reply carries where it was stored
-    (``response_metadata["suffixmem_stored"]``); if the session still holds it there,
+    (``response_metadata["suffixmem_stored"]``), or, when a parser turned it into text, the
+    model left a note of it (``stored_turns``); if the session still holds it there,
     ``add_messages`` skips it and the messages just before it that the same turn stored.
     Everything else is appended, a legitimately repeated message included.
 
@@ -93,16 +95,23 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
     def _not_yet_stored(self, messages: Sequence[BaseMessage], new: list[Message]
                         ) -> list[Message]:
         """``new`` without the turns the chat model stored itself (see the class docstring)."""
-        skip: set[int] = set()
-        stored: list[Message] | None = None
+        where: dict[int, int] = {}  # position in ``messages`` -> index in the stored history
         for i, lc in enumerate(messages):
             mark = lc.response_metadata.get(STORED_KEY) if isinstance(lc, AIMessage) else None
-            if not isinstance(mark, dict) or mark.get("session_id") != self.session_id:
-                continue
-            if stored is None:
-                stored = self._stored()
-            at = mark.get("index")
-            if not (isinstance(at, int) and 0 <= at < len(stored) and _same(stored[at], new[i])):
+            if (isinstance(mark, dict) and mark.get("session_id") == self.session_id
+                    and isinstance(mark.get("index"), int)):
+                where[i] = mark["index"]
+        note = STORED_TURNS.take(self.manager, self.session_id)
+        if not where and note is not None:
+            last = max((i for i, m in enumerate(new) if m.role == "assistant"), default=None)
+            if last is not None and new[last].content == note[1]:
+                where[last] = note[0]
+        if not where:
+            return new
+        stored = self._stored()
+        skip: set[int] = set()
+        for i, at in sorted(where.items()):
+            if not (0 <= at < len(stored) and _same(stored[at], new[i])):
                 continue  # the history changed since: store the reply as sent
             skip.add(i)
             # the inputs of that turn: the messages right before the reply that match the

@@ -41,6 +41,7 @@ from langchain_suffixmem._base import (
     with_deadline,
 )
 from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
+from langchain_suffixmem.stored_turns import STORED_TURNS
 from suffixmem.conversation.manager import TurnResult
 from suffixmem.engine.protocol import TokenEvent
 
@@ -124,7 +125,9 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if session_id is not None:
             # the reply is the session's last message now (the session lock is released, but
             # a framework drives one session from one place at a time)
-            index = self.get_manager().get_session(session_id).message_count - 1
+            manager = self.get_manager()
+            index = manager.get_session(session_id).message_count - 1
+            STORED_TURNS.note(manager, session_id, index, turn.text)
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",

@@ -1,11 +1,13 @@
-"""What the standard suite does not check: sessions from the run's config, cached tokens rising
-turn after turn, exact stop sequences, real streaming, the LLM, and errors on bad input."""
+"""What the standard suite does not check: sessions from the run's config (or stateless), cached
+tokens rising turn after turn, exact stop sequences, real streaming, the LLM, errors on bad
+input, and generated token ids kept in SQL."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from adapter_setup import MODEL_PARAMS
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -14,20 +16,20 @@ from langchain_core.messages import (
     SystemMessage,
 )
 from langchain_core.prompts import ChatPromptTemplate
-from adapter_setup import MODEL_PARAMS
-
 from langchain_suffixmem import SuffixMemChatModel, SuffixMemLLM
-from suffixmem import client
+
 from suffixmem.engine.protocol import Message
-from suffixmem.errors import ContextWindowError
+from suffixmem.errors import ContextWindowError, InvalidRequestError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
 
 @pytest.fixture
-def chat(shared_engine: Any) -> SuffixMemChatModel:
-    model = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=12)
-    assert model.get_engine() is shared_engine  # shared through the registry, not a new one
+def chat(shared_engine: Any, manager: Any, database_url: str) -> SuffixMemChatModel:
+    model = SuffixMemChatModel(
+        **MODEL_PARAMS, max_tokens=12, temperature=0.0, database_url=database_url)
+    # shared through the registry: the test's manager, on the session's engine
+    assert model.get_manager() is manager and manager.engine is shared_engine
     return model
 
 
@@ -38,7 +40,13 @@ def test_session_comes_from_config_then_instance(chat: SuffixMemChatModel) -> No
     assert session(config={"configurable": {"session_id": "cfg-session"}}) == "cfg-session"
     assert session(config={"configurable": {"thread_id": "cfg-thread"}}) == "cfg-thread"
     assert session(session_id="kw-session") == "kw-session"
-    assert session() == chat.session_id
+    # no session anywhere: stateless, nothing stored, a cache namespace of its own
+    stateless = chat.invoke("Hi")
+    assert stateless.response_metadata["history"] == "stateless"
+    assert str(stateless.response_metadata["session_id"]).startswith("anon-")
+    assert "suffixmem_stored" not in stateless.response_metadata
+    assert {s.id for s in chat.get_manager().list_sessions()} == {
+        "cfg-session", "cfg-thread", "kw-session"}
     # inside a chain the config reaches the model too
     chain = ChatPromptTemplate.from_messages([("human", "{q}")]) | chat
     out = chain.invoke({"q": "Hi"}, config={"configurable": {"session_id": "chain-session"}})
@@ -56,11 +64,12 @@ async def test_async_session_from_config(chat: SuffixMemChatModel) -> None:
     assert last is not None and last.response_metadata["session_id"] == "async-t"
 
 
-def test_cached_tokens_rise_turn_by_turn(shared_engine: Any) -> None:
-    """LangChain re-sends the whole history as text; the adapter renders each earlier reply
-    from its generated ids, so every turn reads all full blocks of the previous turn's prompt
-    and reply from cache."""
-    chat = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=24, session_id="rising")
+def test_cached_tokens_rise_turn_by_turn(shared_engine: Any, database_url: str) -> None:
+    """LangChain re-sends the whole history as text; the manager renders each earlier reply
+    from its stored generated ids, so every turn reads all full blocks of the previous turn's
+    prompt and reply from cache."""
+    chat = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=24, temperature=0.0,
+                              session_id="rising", database_url=database_url)
     block = shared_engine.block_size
     history: list[BaseMessage] = [SystemMessage("You are a friendly assistant. Be brief.")]
     cached, previous_total = [], 0
@@ -87,7 +96,7 @@ def test_stop_sequence_cuts_exactly(chat: SuffixMemChatModel) -> None:
     assert cut.content == full[: full.index(stop)]
     assert cut.response_metadata["finish_reason"] == "stop"
     # the instance's stop list applies when the call gives none
-    model = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=20, stop=[stop])
+    model = chat.model_copy(update={"max_tokens": 20, "stop": [stop]})
     assert model.invoke("Name three colours.").content == cut.content
 
 
@@ -125,8 +134,8 @@ def test_structured_output_is_refused_without_guided_decoding() -> None:
         model.with_structured_output({"type": "object"})
 
 
-def test_llm_streams_and_reports_usage(shared_engine: Any) -> None:
-    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=10, session_id="llm")
+def test_llm_streams_and_reports_usage(shared_engine: Any, database_url: str) -> None:
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=10, temperature=0.0, database_url=database_url)
     text = llm.invoke("What is the capital of France?")
     assert "Paris" in text
     chunks = list(llm.stream("What is the capital of France?"))
@@ -137,13 +146,14 @@ def test_llm_streams_and_reports_usage(shared_engine: Any) -> None:
     assert result.llm_output is not None
     assert result.llm_output["token_usage"]["prompt_tokens"] == info["prompt_tokens"]
     # raw continuation: the prompt is not wrapped in the chat template
-    raw = SuffixMemLLM(**MODEL_PARAMS, max_tokens=4, chat_template=False)
+    raw = SuffixMemLLM(**MODEL_PARAMS, max_tokens=4, chat_template=False,
+                       database_url=database_url)
     out = raw.generate(["The capital of France is"]).generations[0][0].generation_info or {}
     assert out["prompt_tokens"] == len(shared_engine.tokenize("The capital of France is"))
 
 
-async def test_llm_async(shared_engine: Any) -> None:
-    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=10)
+async def test_llm_async(shared_engine: Any, database_url: str) -> None:
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=10, temperature=0.0, database_url=database_url)
     text = await llm.ainvoke("What is the capital of France?")
     chunks = [c async for c in llm.astream("What is the capital of France?")]
     assert "".join(chunks) == text and "Paris" in text
@@ -163,7 +173,7 @@ def test_bad_messages_raise_value_error(chat: SuffixMemChatModel) -> None:
             HumanMessage("add"),
             AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1", "type": "tool_call"}]),
         ])
-    with pytest.raises(ValueError, match="empty content"):
+    with pytest.raises(InvalidRequestError, match="empty"):
         chat.invoke([HumanMessage("")])
 
 
@@ -194,30 +204,26 @@ def test_timeout_aborts_between_tokens(chat: SuffixMemChatModel) -> None:
         slow.invoke("Tell me a long story.", max_tokens=64)
 
 
-def test_token_memory_only_keeps_faithful_replies(chat: SuffixMemChatModel) -> None:
-    memory = client.token_memory(chat.get_engine())
-    reply = chat.invoke("Say hello.", session_id="faithful")
-    assert memory.recall("faithful", str(reply.content)) is not None
-    cut = chat.invoke("Say hello.", session_id="cut", stop=["l"])
-    # its ids run into the stop string, which the text does not show: not reusable
-    assert memory.recall("cut", str(cut.content)) is None
-
-
-def test_resent_replies_render_to_their_generated_ids(shared_engine: Any) -> None:
-    """A sampled reply often re-tokenizes differently (6 of 36 here); rendered from its
-    generated ids instead, the next turn still reads all of it from cache."""
-    chat = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=48, temperature=1.0)
-    memory = client.token_memory(shared_engine)
+def test_resent_replies_render_to_their_generated_ids(
+    shared_engine: Any, database_url: str
+) -> None:
+    """A sampled reply often re-tokenizes differently; the manager keeps its generated ids in
+    SQL and renders the resent text from them, so the next turn reads all of it from cache."""
+    chat = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=48, temperature=1.0,
+                              database_url=database_url)
+    manager = chat.get_manager()
     block = shared_engine.block_size
     candidates = [("What is 12 times 13?", 4), ("Describe a sunset in Paris.", 4)] + [
         (q, seed) for q in ("Explain how rain forms.", "List some French words.")
         for seed in range(16)
     ]
     for question, seed in candidates:
-        session = f"retok-{seed}-{question}"
+        session = f"retok-{seed}-{len(question)}"
         reply = chat.invoke([HumanMessage(question)], session_id=session, seed=seed)
-        ids = memory.recall(session, str(reply.content))
-        assert ids is not None
+        stored = manager.history(session)
+        assert [m.role for m in stored] == ["user", "assistant"]
+        ids = stored[-1].token_ids
+        assert ids and stored[-1].content == reply.content
         user = Message("user", question)
         generated = shared_engine.render([user, Message("assistant", reply.content, ids)])
         retokenized = shared_engine.render([user, Message("assistant", reply.content)])
@@ -230,10 +236,5 @@ def test_resent_replies_render_to_their_generated_ids(shared_engine: Any) -> Non
     next_turn = [HumanMessage(question), AIMessage(reply.content), HumanMessage("Thanks!")]
     read = chat.invoke(next_turn, session_id=session, max_tokens=2).usage_metadata
     assert read is not None
-    with_ids = read["input_token_details"]["cache_read"]
-    assert with_ids >= (usage["input_tokens"] + usage["output_tokens"] - 1) // block * block
-    # control: the same turn with the reply re-tokenized (its ids forgotten)
-    assert memory.forget(session) >= 1
-    control = chat.invoke(next_turn, session_id=session, max_tokens=2).usage_metadata
-    assert control is not None
-    assert control["input_token_details"]["cache_read"] <= with_ids
+    assert read["input_token_details"]["cache_read"] >= (
+        usage["input_tokens"] + usage["output_tokens"] - 1) // block * block

@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
-from langchain_tests.integration_tests import ChatModelIntegrationTests
 from adapter_setup import MODEL_PARAMS
-
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_suffixmem import SuffixMemChatModel
+from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 

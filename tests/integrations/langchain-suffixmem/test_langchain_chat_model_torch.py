@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain_tests.integration_tests import ChatModelIntegrationTests
 from adapter_setup import TORCH_PARAMS
-
 from langchain_suffixmem import SuffixMemChatModel
+from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_tests.unit_tests import ChatModelUnitTests
-
 from langchain_suffixmem import SuffixMemChatModel
+from langchain_tests.unit_tests import ChatModelUnitTests
 
 # the engine is started lazily, so construction needs no model
 PARAMS: dict[str, Any] = {"model": "smollm2-135m-instruct"}

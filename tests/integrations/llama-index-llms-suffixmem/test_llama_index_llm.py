@@ -10,8 +10,8 @@ from adapter_setup import LLM_PARAMS
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.memory import ChatMemoryBuffer, Memory
-
 from llama_index.llms.suffixmem import SuffixMemLLM
+
 from suffixmem.errors import ContextWindowError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]

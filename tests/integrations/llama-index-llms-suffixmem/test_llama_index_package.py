@@ -6,10 +6,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import pytest
-
 import llama_index.llms.suffixmem
 import llama_index.storage.chat_store.suffixmem
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 

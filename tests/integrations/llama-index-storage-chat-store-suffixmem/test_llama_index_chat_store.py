@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 from adapter_setup import LLM_PARAMS
+from integrations.llama_index import SuffixMemChatStore, SuffixMemLLM
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.storage.chat_store import SimpleChatStore
 
-from integrations.llama_index import SuffixMemChatStore, SuffixMemLLM
 from suffixmem import client
 
 pytestmark = pytest.mark.anyio
