@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from adapter_setup import LLM_PARAMS
+from adapter_setup import MODEL_PARAMS
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.memory import ChatMemoryBuffer, Memory
 from llama_index.llms.suffixmem import SuffixMemLLM
 
-from suffixmem.errors import ContextWindowError
+from suffixmem.conversation.manager import ManagerConfig
+from suffixmem.errors import ContextWindowError, InvalidRequestError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
@@ -20,20 +21,22 @@ QUESTION = [ChatMessage(role=MessageRole.USER, content="What is the capital of F
 
 
 @pytest.fixture
-def llm(shared_engine: Any) -> SuffixMemLLM:
-    model = SuffixMemLLM(**LLM_PARAMS, max_tokens=16)
-    assert model.get_engine() is shared_engine
+def llm(shared_engine: Any, manager: Any, database_url: str) -> SuffixMemLLM:
+    model = SuffixMemLLM(**MODEL_PARAMS, max_tokens=16, temperature=0.0,
+                         database_url=database_url)
+    assert model.get_manager() is manager and manager.engine is shared_engine
     return model
 
 
-def test_metadata_has_the_true_context_window(shared_engine: Any) -> None:
-    fresh = SuffixMemLLM(**LLM_PARAMS)  # not started: the window it will start with
+def test_metadata_has_the_true_context_window(shared_engine: Any, database_url: str) -> None:
+    fresh = SuffixMemLLM(**MODEL_PARAMS, database_url=database_url)
+    # not started: the window it will start with
     assert fresh.metadata.context_window == shared_engine.max_model_len == 4096
-    assert fresh.get_engine() is shared_engine
+    assert fresh.get_manager().engine is shared_engine
     meta = fresh.metadata
     assert meta.context_window == shared_engine.max_model_len
     assert meta.is_chat_model and not meta.is_function_calling_model
-    assert meta.model_name == shared_engine.model_name and meta.num_output == 256
+    assert meta.model_name == shared_engine.model_name and meta.num_output == ManagerConfig().max_tokens
 
 
 def test_chat_and_stream_chat(llm: SuffixMemLLM) -> None:
@@ -50,7 +53,10 @@ def test_chat_and_stream_chat(llm: SuffixMemLLM) -> None:
     assert last is not None
     assert "".join(deltas) == last.message.content == reply.message.content
     assert len([d for d in deltas if d]) >= 4  # token by token
-    assert last.raw["usage"]["cached_tokens"] > 0  # the same prompt again, same session
+    # the same prompt again: stateless, but its cache namespace comes from the conversation
+    assert last.raw["usage"]["cached_tokens"] > 0
+    assert last.raw["usage"]["history"] == "stateless"
+    assert "suffixmem_stored" not in last.message.additional_kwargs
 
 
 def test_complete_and_stream_complete(llm: SuffixMemLLM, shared_engine: Any) -> None:
@@ -87,9 +93,10 @@ QUESTIONS = ("What is bread made of?", "And butter?", "Which one is older?", "Th
 
 
 def test_simple_chat_engine_cached_tokens_rise(
-    shared_engine: Any, usage_recorder: Any
+    shared_engine: Any, manager: Any, database_url: str, usage_recorder: Any
 ) -> None:
-    llm = SuffixMemLLM(**LLM_PARAMS, max_tokens=24, session_id="li-rising")
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=24, temperature=0.0, session_id="li-rising",
+                       database_url=database_url)
     memory = ChatMemoryBuffer.from_defaults(llm=llm)
     chat_engine = SimpleChatEngine.from_defaults(
         llm=llm, memory=memory, system_prompt="You are a friendly baker. Be brief.")
@@ -98,11 +105,16 @@ def test_simple_chat_engine_cached_tokens_rise(
     assert len(memory.get_all()) == 2 * len(QUESTIONS)
     cached = _check_rising(usage_recorder.usages, shared_engine.block_size)
     assert cached[0] == 0 and cached == sorted(cached) and cached[-1] >= 3 * 32, cached
+    # LlamaIndex's own memory holds the turns in process; the manager stored them in SQL
+    assert [m.role for m in manager.history("li-rising")] == ["user", "assistant"] * 4
 
 
-def test_streaming_chat_engine_with_memory(shared_engine: Any, usage_recorder: Any) -> None:
+def test_streaming_chat_engine_with_memory(
+    shared_engine: Any, database_url: str, usage_recorder: Any
+) -> None:
     """LlamaIndex's newer ``Memory`` and a streaming chat engine."""
-    llm = SuffixMemLLM(**LLM_PARAMS, max_tokens=24, session_id="li-memory")
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=24, temperature=0.0, session_id="li-memory",
+                       database_url=database_url)
     memory = Memory.from_defaults(session_id="li-memory", token_limit=3000)
     chat_engine = SimpleChatEngine.from_defaults(
         llm=llm, memory=memory, system_prompt="You are a friendly baker. Be brief.")
@@ -128,7 +140,7 @@ def test_bad_input_raises_value_error(llm: SuffixMemLLM, shared_engine: Any) -> 
         llm.complete("word " * shared_engine.max_model_len)
     with pytest.raises(ValueError, match="unsupported keyword"):
         llm.chat(QUESTION, frequency_penalty=1.0)
-    with pytest.raises(ValueError, match="empty content"):
+    with pytest.raises(InvalidRequestError):  # nothing to answer
         list(llm.stream_chat([ChatMessage(role=MessageRole.USER, content="")]))
     with pytest.raises(ValueError, match="unknown engine"):
         SuffixMemLLM(engine="tensorrt")

@@ -3,25 +3,20 @@ persists in the SQL conversation store, and backs a chat engine's memory."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from adapter_setup import LLM_PARAMS
-from integrations.llama_index import SuffixMemChatStore, SuffixMemLLM
+from adapter_setup import MODEL_PARAMS
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.storage.chat_store import SimpleChatStore
+from llama_index.llms.suffixmem import SuffixMemLLM
+from llama_index.storage.chat_store.suffixmem import SuffixMemChatStore
 
-from suffixmem import client
+from suffixmem import runtime
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def database_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'chat_store.db'}"
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 
 
 def _m(role: str, text: str) -> ChatMessage:
@@ -36,8 +31,8 @@ def _view(messages: list[ChatMessage] | ChatMessage | None) -> Any:
     return [(m.role, m.content) for m in messages]
 
 
-def test_matches_simple_chat_store(database_url: str) -> None:
-    ours, reference = SuffixMemChatStore(database_url), SimpleChatStore()
+def test_matches_simple_chat_store(manager: Any) -> None:
+    ours, reference = SuffixMemChatStore(manager=manager), SimpleChatStore()
     operations: list[tuple[str, tuple[Any, ...]]] = [
         ("get_messages", ("a",)),
         ("add_message", ("a", _m("user", "hi"))),
@@ -66,41 +61,55 @@ def test_matches_simple_chat_store(database_url: str) -> None:
         assert sorted(ours.get_keys()) == sorted(reference.get_keys()), (name, args)
 
 
-async def test_async_methods_and_persistence(database_url: str) -> None:
-    store = SuffixMemChatStore(database_url)
+async def test_async_methods_and_persistence(manager: Any, database_url: str) -> None:
+    store = SuffixMemChatStore(database_url, engine=manager.engine)
     await store.async_add_message("k", _m("user", "hi"))
     await store.aset_messages("k", [_m("user", "hi"), _m("assistant", "hey")])
     # a new instance (a new process, say) reads the same rows from the database
-    again = SuffixMemChatStore(database_url)
+    again = SuffixMemChatStore(database_url, engine=manager.engine)
     assert _view(await again.aget_messages("k")) == [
         (MessageRole.USER, "hi"), (MessageRole.ASSISTANT, "hey")]
     assert await again.aget_keys() == ["k"]
-    assert again.store is store.store is client.get_store(database_url)
-    stored = store.store.messages("k")
+    assert again.manager is store.manager is runtime.get_manager(
+        manager.engine, database_url=database_url)
+    stored = manager.history("k")
     assert [m.role for m in stored] == ["user", "assistant"]
     assert _view(await again.adelete_last_message("k")) == (MessageRole.ASSISTANT, "hey")
 
 
-def test_unreadable_messages_raise_value_error(database_url: str) -> None:
-    store = SuffixMemChatStore(database_url)
+def test_unreadable_messages_raise_value_error(manager: Any) -> None:
+    store = SuffixMemChatStore(manager=manager)
     picture = ChatMessage(role=MessageRole.USER, blocks=[ImageBlock(url="https://x.org/a.png")])
     with pytest.raises(ValueError, match="ImageBlock"):
         store.add_message("k", picture)
     assert store.get_messages("k") == []
 
 
+def test_a_repeated_message_is_stored_again(manager: Any) -> None:
+    store = SuffixMemChatStore(manager=manager)
+    for _ in range(2):
+        store.add_message("k", _m("user", "hi"))
+        store.add_message("k", _m("assistant", "hello"))
+    # a reply marked as stored under another key is stored here all the same
+    other = ChatMessage(role=MessageRole.ASSISTANT, content="hello",
+                        additional_kwargs={"suffixmem_stored": {"session_id": "x", "index": 1}})
+    store.add_message("k", other)
+    assert [m.content for m in store.get_messages("k")] == ["hi", "hello"] * 2 + ["hello"]
+
+
 @pytest.mark.slow
-@pytest.mark.vllm
 def test_chat_engine_memory_in_the_store(
-    shared_engine: Any, database_url: str, usage_recorder: Any
+    shared_engine: Any, manager: Any, database_url: str, usage_recorder: Any
 ) -> None:
     """A chat engine whose ``ChatMemoryBuffer`` lives in our store; a second engine over the
     same store continues the conversation, and the cache still serves the old turns."""
-    llm = SuffixMemLLM(**LLM_PARAMS, max_tokens=24, session_id="li-store")
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=24, temperature=0.0, session_id="li-store",
+                       database_url=database_url)
 
     def chat_engine() -> SimpleChatEngine:
         memory = ChatMemoryBuffer.from_defaults(
-            llm=llm, chat_store=SuffixMemChatStore(database_url), chat_store_key="li-store")
+            llm=llm, chat_store=SuffixMemChatStore(database_url, engine=shared_engine),
+            chat_store_key="li-store")
         return SimpleChatEngine.from_defaults(
             llm=llm, memory=memory, system_prompt="You are a friendly baker. Be brief.")
 
@@ -109,7 +118,7 @@ def test_chat_engine_memory_in_the_store(
     first.chat("And butter?")
     second = chat_engine()  # as after a restart of the app, with the engine still warm
     second.chat("Which one is older?")
-    rows = client.get_store(database_url).messages("li-store")
+    rows = manager.history("li-store")  # each turn once: the LLM stored it, the memory saw it
     assert [m.role for m in rows] == ["user", "assistant"] * 3
     usages = usage_recorder.usages
     assert len(usages) == 3

@@ -34,7 +34,7 @@ from llama_index.llms.suffixmem.messages import STORED_KEY, to_suffixmem
 
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
-from suffixmem.conversation.manager import ConversationManager, TurnResult
+from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
 from suffixmem.engine.protocol import Message, Result, TokenEvent
 from suffixmem.errors import InvalidRequestError
 
@@ -150,7 +150,7 @@ class SuffixMemLLM(LLM):
         )
         return LLMMetadata(
             context_window=window,
-            num_output=self.max_tokens or 256,
+            num_output=self.max_tokens or ManagerConfig().max_tokens,
             is_chat_model=True,
             is_function_calling_model=False,
             model_name=self.model,
