@@ -36,7 +36,8 @@ def test_metadata_has_the_true_context_window(shared_engine: Any, database_url: 
     meta = fresh.metadata
     assert meta.context_window == shared_engine.max_model_len
     assert meta.is_chat_model and not meta.is_function_calling_model
-    assert meta.model_name == shared_engine.model_name and meta.num_output == ManagerConfig().max_tokens
+    assert meta.model_name == shared_engine.model_name
+    assert meta.num_output == ManagerConfig().max_tokens
 
 
 def test_chat_and_stream_chat(llm: SuffixMemLLM) -> None:
