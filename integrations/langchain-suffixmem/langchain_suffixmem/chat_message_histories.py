@@ -80,21 +80,22 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         new = to_suffixmem(messages)  # InvalidRequestError for what the model cannot read
-        for i, m in enumerate(new):
+        keep = self._not_yet_stored(messages, new)  # (position, message) pairs
+        for i, m in keep:
             if not m.content.strip():
                 raise InvalidRequestError(
                     f"messages[{i}].content is empty; a chat history keeps only messages "
                     "with text")
-        keep = self._not_yet_stored(messages, new)
         if not keep:
             return
         if self.create:
             self.manager.open_session(self.session_id)
-        self.manager.append_messages(self.session_id, keep)
+        self.manager.append_messages(self.session_id, [m for _, m in keep])
 
     def _not_yet_stored(self, messages: Sequence[BaseMessage], new: list[Message]
-                        ) -> list[Message]:
-        """``new`` without the turns the chat model stored itself (see the class docstring)."""
+                        ) -> list[tuple[int, Message]]:
+        """``new`` (with positions) without the turns the chat model stored itself (see the
+        class docstring)."""
         where: dict[int, int] = {}  # position in ``messages`` -> index in the stored history
         for i, lc in enumerate(messages):
             mark = lc.response_metadata.get(STORED_KEY) if isinstance(lc, AIMessage) else None
@@ -107,7 +108,7 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
             if last is not None and new[last].content == note[1]:
                 where[last] = note[0]
         if not where:
-            return new
+            return list(enumerate(new))
         stored = self._stored()
         skip: set[int] = set()
         for i, at in sorted(where.items()):
@@ -120,7 +121,7 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
             while j >= 0 and k >= 0 and j not in skip and _same(stored[k], new[j]):
                 skip.add(j)
                 j, k = j - 1, k - 1
-        return [m for i, m in enumerate(new) if i not in skip]
+        return [(i, m) for i, m in enumerate(new) if i not in skip]
 
     def clear(self) -> None:
         if self.create:
