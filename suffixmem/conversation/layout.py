@@ -11,7 +11,9 @@ extension of the previous one for as long as it can:
    reserve), the oldest *whole turns* (a user message and what follows it) are dropped until the
    prompt is at most ``(1 - evict_fraction) * budget``. The prefix changes once per chunk, not
    once per turn as with a per-message sliding window; the turns in between hit the cache.
-4. **Context next to the question.** Retrieved context and memory blocks go into the last user
+4. **The tail.** ``message`` is the user's text (``chat``) or the messages to answer verbatim
+   (``complete``: a user message, tool results, a schema instruction after the conversation).
+5. **Context next to the question.** Retrieved context and memory blocks go into the last user
    message (before the question), never into the system prompt, so they do not disturb the
    cached prefix; each block is marked as a ``Segment`` of kind ``"document"`` for engines that
    reuse segments at new positions. The stored history keeps the plain question.
@@ -78,6 +80,14 @@ def compose_user(message: str, context: Sequence[str]) -> str:
     return "".join(f"{block}\n\n" for block in context) + message
 
 
+def tail_messages(message: str | Sequence[Message], context: Sequence[str]) -> list[Message]:
+    """What follows the history: one user message (``message`` with its ``context`` blocks), or
+    the given messages verbatim (``complete``: tool results, a schema instruction...)."""
+    if isinstance(message, str):
+        return [Message("user", compose_user(message, context))]
+    return list(message)
+
+
 def _find(haystack: Sequence[int], needle: Sequence[int], start: int) -> int:
     n = len(needle)
     first = needle[0]
@@ -92,7 +102,8 @@ class Layout(Protocol):
 
     def build(
         self, engine: Renderer, system_prompt: str | None, history: Sequence[Message],
-        message: str, context: Sequence[str], window_start: int, budget: int,
+        message: str | Sequence[Message], context: Sequence[str], window_start: int,
+        budget: int,
     ) -> Prompt: ...
 
 
@@ -102,9 +113,9 @@ class _Base:
 
     def _assemble(
         self, engine: Renderer, static: list[Message], kept: Sequence[Message],
-        message: str, context: Sequence[str],
+        message: str | Sequence[Message], context: Sequence[str],
     ) -> tuple[list[int], list[Message]]:
-        msgs = [*static, *kept, Message("user", compose_user(message, context))]
+        msgs = [*static, *kept, *tail_messages(message, context)]
         return engine.render(msgs, True), msgs
 
     def _finish(
@@ -118,7 +129,7 @@ class _Base:
                 segments.append(Segment(0, len(sys_ids), "system_tail", shared=True))
         if context:
             # the blocks sit in the last user message: search from its start
-            before = engine.render(msgs[:-1], False)
+            before = engine.render(msgs[:-1], False) if len(msgs) > 1 else []
             at = len(before) if ids[:len(before)] == before else 0
             for block in context:
                 block_ids = engine.tokenize(block)
@@ -132,8 +143,8 @@ class _Base:
         return Prompt(tuple(ids), tuple(segments), tuple(msgs), window_start, evicted, budget)
 
     @staticmethod
-    def _check(message: str, budget: int) -> None:
-        if not isinstance(message, str) or not message.strip():
+    def _check(message: str | Sequence[Message], budget: int) -> None:
+        if (isinstance(message, str) and not message.strip()) or not message:
             raise InvalidRequestError("the message is empty: nothing to answer")
         if budget <= 0:
             raise ConfigError(f"the token budget must be > 0, got {budget}")
@@ -150,7 +161,8 @@ class CacheStableLayout(_Base):
 
     def build(
         self, engine: Renderer, system_prompt: str | None, history: Sequence[Message],
-        message: str, context: Sequence[str], window_start: int, budget: int,
+        message: str | Sequence[Message], context: Sequence[str], window_start: int,
+        budget: int,
     ) -> Prompt:
         self._check(message, budget)
         static = self._static(system_prompt)
@@ -187,7 +199,8 @@ class SlidingWindowLayout(_Base):
 
     def build(
         self, engine: Renderer, system_prompt: str | None, history: Sequence[Message],
-        message: str, context: Sequence[str], window_start: int, budget: int,
+        message: str | Sequence[Message], context: Sequence[str], window_start: int,
+        budget: int,
     ) -> Prompt:
         self._check(message, budget)
         static = self._static(system_prompt)

@@ -1,52 +1,49 @@
 """The conversation manager: sessions in SQL, prompts laid out for the cache, atomic turns.
 
-One turn (``chat`` / ``stream_chat``):
+Entry points (all end in the same turn path, ``turns``):
 
-1. validate (session exists, message non-empty, sampling values) and load the history;
-2. topic: is the message a jump? -> the session's semantic temperature (0.8 -> 0.3 on a jump,
-   recovering while the topic holds); on a jump the session's cached segments are released
-   (``engine.release_session(session_id)`` when the engine has that optional hook);
-3. layout: token ids = system prompt + append-only history (oldest turns evicted in chunks) +
-   retrieved ``context`` next to the message, with ``Segment`` marks (system prompt,
-   documents); a prompt that cannot fit raises ``ContextWindowError`` before anything runs;
-4. ``engine.stream(Request(session_key=session_id, token_ids=..., segments=...))``;
-5. when generation has ended, the user message, the assistant message (with the token ids it
-   was generated with) and the turn's statistics are committed in **one transaction**.
+- ``chat`` / ``stream_chat``: one user message against the stored session;
+- ``complete`` / ``stream_complete``: a framework resends the whole message list; it is
+  reconciled with the stored session (``reconcile``: new / appended / rewritten / stateless);
+- async twins ``achat``, ``astream_chat``, ``acomplete``, ``astream_complete``: the blocking
+  work runs in worker threads; closing the async iterator aborts the turn and stores nothing;
+- ``stream_text`` / ``complete_text``: raw text completion, stateless, nothing stored.
 
-**Atomicity.** If the engine raises, the stream is closed early (``break``, ``close()``) or the
-database refuses the commit, nothing of the turn is stored: the history is exactly as before and
-the user's message is *not* stored (the caller still has it and may send it again). Only a
-completed generation (finish reason ``stop`` or ``length``) is committed.
+A turn: validate (one line per bad field, before anything else), read the session and history
+in one transaction, decide topic and temperature, lay out the prompt, stream from the engine
+under the session's lock, then commit the messages, statistics and session state in **one**
+transaction. If the engine raises, the stream is closed early or the commit fails, nothing of
+the turn is stored (the caller still has the message and may send it again). With
+``create=True`` (and for a new session in ``complete``) the session row is created in that same
+commit, so a failed first turn leaves no session.
 
-**Concurrency.** Turns of one session are serialised by a per-session lock (a turn sees the
-previous one's reply); different sessions run in parallel. The store serialises writers too, so
-several managers (processes) sharing one database lose nothing.
+**Concurrency.** Turns of one session are serialised by a per-session lock held only while the
+turn runs (``locks``); an abandoned stream releases it when collected; a waiting turn times out
+with ``SessionBusyError``. Different sessions never wait for each other. The store serialises
+writers too, so several managers (processes) sharing one database lose nothing.
 
-**Optional engine hook.** ``release_session(session_key: str) -> object``: drop the session's
-cached segments (the torch engine's segment cache implements it). Engines without it are fine.
-
-The manager never imports torch or vLLM: it speaks the engine protocol only.
+The manager never imports torch or vLLM: it speaks the ``Engine`` protocol only.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from suffixmem.conversation.layout import LAYOUTS, Layout, Prompt
-from suffixmem.conversation.store import (
-    NewMessage,
-    SegmentSighting,
-    SessionRecord,
-    Store,
-    TurnEvent,
-    check_session_id,
-)
+from suffixmem.conversation import segment_log
+from suffixmem.conversation.layout import LAYOUTS, Layout
+from suffixmem.conversation.locks import SessionBusyError, SessionLocks
+from suffixmem.conversation.reconcile import anon_key, check_messages, reconcile
+from suffixmem.conversation.records import NewMessage, NewSession, SessionRecord
+from suffixmem.conversation.store import Store
 from suffixmem.conversation.topic import (
     JUMP_TEMPERATURE,
     START_TEMPERATURE,
@@ -55,21 +52,34 @@ from suffixmem.conversation.topic import (
     TopicState,
     TopicVerdict,
 )
-from suffixmem.conversation.value import (
-    HeuristicValueScorer,
-    Tier,
-    ValueFeatures,
-    ValueScorer,
-    segment_hash,
-    token_entropy,
+from suffixmem.conversation.turns import (
+    Plan,
+    TurnResult,
+    TurnSpec,
+    build_prompt,
+    stream_turn,
+    turn_event,
+    turn_messages,
+    turn_pairs,
+    turn_result,
 )
-from suffixmem.engine.protocol import Message, Request, Result, SamplingParams, TokenEvent
-from suffixmem.errors import ConfigError, InvalidRequestError
+from suffixmem.conversation.validation import (
+    MAX_TEXT_CHARS,
+    check_sampling,
+    check_session_id,
+    check_text,
+)
+from suffixmem.engine.protocol import Engine, Message, Request, Result, SamplingParams, TokenEvent
+from suffixmem.errors import ConfigError, InvalidRequestError, UnknownSessionError
+from suffixmem.retention import PinnedLRU, RetentionPolicy
 from suffixmem.tokens import TokenCounter
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "ConversationManager", "ManagerConfig", "SessionBusyError", "SessionInfo", "TurnResult",
+]
 
-_SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -87,7 +97,10 @@ class ManagerConfig:
       temperature (0.8, 0.3, +0.1 per turn on topic).
     - ``topic_detector``: the detector (None: ``default_detector()``, fitted on the bundled
       corpus when available); ``detect_topics=False`` turns detection off.
-    - ``value_scorer``: rates segments for the segment log (None: the heuristic fallback).
+    - ``retention``: the segment retention policy of the segment log (None: ``PinnedLRU``,
+      the same default as the engine's segment cache).
+    - ``lock_timeout_s``: how long a turn waits for its session's lock (``SessionBusyError``).
+    - ``max_message_chars``: size limit of each message / context block / system prompt.
     - ``exact``: passed to the engine (False lets it reuse document segments approximately).
     """
 
@@ -102,7 +115,9 @@ class ManagerConfig:
     temperature_recovery: float = 0.1
     detect_topics: bool = True
     topic_detector: TopicDetector | None = None
-    value_scorer: ValueScorer | None = None
+    retention: RetentionPolicy | None = None
+    lock_timeout_s: float = 60.0
+    max_message_chars: int = MAX_TEXT_CHARS
     record_segments: bool = True
     exact: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +131,10 @@ class ManagerConfig:
             raise ConfigError(f"context_window must be >= 32, got {self.context_window}")
         if self.reply_reserve is not None and self.reply_reserve < 1:
             raise ConfigError(f"reply_reserve must be >= 1, got {self.reply_reserve}")
+        if not self.lock_timeout_s > 0:
+            raise ConfigError(f"lock_timeout_s must be > 0, got {self.lock_timeout_s}")
+        if self.max_message_chars < 1:
+            raise ConfigError(f"max_message_chars must be >= 1, got {self.max_message_chars}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
@@ -125,29 +144,6 @@ class ManagerConfig:
         from suffixmem.config import default_database_url
 
         return default_database_url()
-
-
-@dataclass(slots=True)
-class TurnResult:
-    """The outcome of one committed turn. ``temperature`` is the sampling temperature used;
-    ``similarity`` the topic similarity (None on a first turn or with detection off);
-    ``evicted_turns`` the turns dropped from the prompt by this turn."""
-
-    text: str
-    session_id: str
-    result: Result
-    prompt_tokens: int
-    cached_tokens: int
-    ttft_s: float
-    latency_s: float
-    topic_jump: bool
-    temperature: float
-    similarity: float | None
-    evicted_turns: int
-
-    @property
-    def hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -168,25 +164,12 @@ class SessionInfo:
                    r.message_count, r.system_prompt)
 
 
-@dataclass(slots=True)
-class _Plan:
-    """Everything decided before generation (nothing stored yet)."""
-
-    session: SessionRecord
-    message: str
-    prompt: Prompt
-    verdict: TopicVerdict
-    temperature: float  # the session's new semantic temperature
-    sampling: SamplingParams
-    history_len: int
-
-
 class ConversationManager:
     """Sessions, history and turns over any engine that follows the protocol."""
 
-    def __init__(self, engine: Any, database_url: str | None = None,
+    def __init__(self, engine: Engine, database_url: str | None = None,
                  config: ManagerConfig | None = None) -> None:
-        self.engine = engine
+        self.engine: Engine = engine
         self.config = config or ManagerConfig()
         self.store = Store(database_url or self.config.default_database_url())
         self.layout: Layout = (
@@ -198,22 +181,29 @@ class ConversationManager:
             self.config.temperature_recovery,
         )
         self.counter = TokenCounter(engine)
-        self.value_scorer: ValueScorer = self.config.value_scorer or HeuristicValueScorer()
+        self.retention: RetentionPolicy = self.config.retention or PinnedLRU()
         self._detector = self.config.topic_detector
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
         self._detector_lock = threading.Lock()
+        self._locks = SessionLocks(self.config.lock_timeout_s)
         # session -> (message count, topic state) so the topic is not replayed every turn
         self._topics: dict[str, tuple[int, TopicState]] = {}
+        # session -> writes by this manager; a turn re-reads its state only if it moved
+        self._versions: dict[str, int] = {}
+        self._bookkeeping = ThreadPoolExecutor(1, thread_name_prefix="suffixmem-segments")
 
     # -- sessions -------------------------------------------------------------------------------
     def open_session(self, session_id: str | None = None, *, title: str | None = None,
                      system_prompt: str | None = None) -> SessionInfo:
         """Create the session if missing, else return it unchanged."""
+        if session_id is not None:
+            check_session_id(session_id)
+        if title is not None:
+            check_text("title", title, max_chars=1000)
+        sp = system_prompt if system_prompt is not None else self.config.system_prompt
+        if sp is not None:
+            check_text("system_prompt", sp, max_chars=self.config.max_message_chars)
         rec, _ = self.store.open_session(
-            session_id, title=title, model=getattr(self.engine, "model_name", None),
-            system_prompt=system_prompt if system_prompt is not None
-            else self.config.system_prompt,
+            session_id, title=title, model=self.engine.model_name, system_prompt=sp,
             temperature=self.config.start_temperature,
         )
         return SessionInfo.from_record(rec)
@@ -226,13 +216,13 @@ class ConversationManager:
         return [SessionInfo.from_record(r) for r in self.store.list_sessions()]
 
     def fork_session(self, session_id: str, new_id: str | None = None) -> SessionInfo:
-        with self._lock(session_id):
+        with self._locks.hold(check_session_id(session_id), "fork_session"):
             return SessionInfo.from_record(self.store.fork_session(session_id, new_id))
 
     def delete_session(self, session_id: str) -> None:
-        with self._lock(session_id):
+        with self._locks.hold(check_session_id(session_id), "delete_session"):
             self.store.delete_session(session_id)
-            self._topics.pop(session_id, None)
+            self._forget(session_id)
         self._release(session_id)
 
     def history(self, session_id: str) -> list[Message]:
@@ -240,158 +230,219 @@ class ConversationManager:
         return [m.to_message() for m in self.store.messages(session_id)]
 
     def append_messages(self, session_id: str, messages: Sequence[Message]) -> None:
-        """Append messages without generating (for framework chat-history stores), atomically."""
+        """Append messages without generating (for framework chat-history stores), atomically.
+        Empty non-assistant messages are rejected (they would poison every later turn)."""
+        check_session_id(session_id)
         new = []
         for i, m in enumerate(messages):
             if not isinstance(m, Message):
                 raise InvalidRequestError(
                     f"messages[{i}] is a {type(m).__name__}, not a suffixmem Message")
+            check_text(f"messages[{i}].content", m.content,
+                       max_chars=self.config.max_message_chars,
+                       allow_empty=m.role == "assistant")
             n = len(m.token_ids) if m.token_ids is not None else self.counter.count(m.content)
             new.append(NewMessage(m.role, m.content, m.token_ids, n))
-        with self._lock(session_id):
+        with self._locks.hold(session_id, "append_messages"):
             self.store.append_messages(session_id, new)
-            self._topics.pop(session_id, None)
+            self._forget(session_id)
 
     def clear_history(self, session_id: str) -> None:
-        with self._lock(session_id):
+        with self._locks.hold(check_session_id(session_id), "clear_history"):
             self.store.clear_history(session_id)
-            self._topics.pop(session_id, None)
+            self._forget(session_id)
         self._release(session_id)
 
-    # -- turns ----------------------------------------------------------------------------------
+    # -- turns: one user message ----------------------------------------------------------------
     def chat(self, session_id: str, message: str, *, context: Sequence[str] = (),
-             **sampling: Any) -> TurnResult:
-        """One blocking turn (built on ``stream_chat``)."""
-        out: TurnResult | None = None
-        for event in self.stream_chat(session_id, message, context=context, **sampling):
-            if isinstance(event, TurnResult):
-                out = event
-        assert out is not None  # stream_chat ends with a TurnResult or raises
-        return out
+             create: bool = False, **sampling: Any) -> TurnResult:
+        """One blocking turn (``stream_chat`` drained)."""
+        return _last(self.stream_chat(session_id, message, context=context, create=create,
+                                      **sampling))
 
     def stream_chat(self, session_id: str, message: str, *, context: Sequence[str] = (),
-                    **sampling: Any) -> Iterator[TokenEvent | TurnResult]:
+                    create: bool = False, **sampling: Any) -> Iterator[TokenEvent | TurnResult]:
         """``TokenEvent``s as they are generated, then one ``TurnResult`` once the turn is
-        committed. Bad input raises here, before any generation; see the module docstring for
-        what a failure or an early close leaves behind (nothing)."""
-        context = self._check_input(session_id, message, context, sampling)
-        plan = self._plan(session_id, message, context, sampling)  # eager validation
-        return self._run(plan, context, sampling)
-
-    def _check_input(self, session_id: str, message: str, context: Sequence[str],
-                     sampling: dict[str, Any]) -> tuple[str, ...]:
-        check_session_id(session_id)
-        if not isinstance(message, str) or not message.strip():
-            raise InvalidRequestError("the message is empty: nothing to answer")
+        committed. Bad input raises here, before any generation; a failure or an early close
+        stores nothing. ``create=True`` creates a missing session with the turn's commit."""
+        started = time.perf_counter()
+        sid = check_session_id(session_id)
+        check_text("message", message, max_chars=self.config.max_message_chars)
         if isinstance(context, str):
             context = (context,)
         ctx = tuple(context)
-        if any(not isinstance(c, str) or not c.strip() for c in ctx):
-            raise InvalidRequestError("context blocks must be non-empty strings")
-        unknown = set(sampling) - _SAMPLING_FIELDS
-        if unknown:
-            raise InvalidRequestError(
-                f"unknown sampling parameters {sorted(unknown)}; expected some of "
-                f"{sorted(_SAMPLING_FIELDS)}")
-        return ctx
+        for i, c in enumerate(ctx):
+            check_text(f"context[{i}]", c, max_chars=self.config.max_message_chars)
+        params = check_sampling(sampling)
 
-    def _run(self, plan: _Plan, context: tuple[str, ...],
-             sampling: dict[str, Any]) -> Iterator[TokenEvent | TurnResult]:
-        sid = plan.session.id
-        with self._lock(sid):
-            if self.store.require_session(sid).message_count != plan.history_len:
-                plan = self._plan(sid, plan.message, context, sampling)  # another turn landed
-            if plan.verdict.jump:
-                self._release(sid)
-            request = Request(
-                session_key=sid, token_ids=plan.prompt.token_ids, sampling=plan.sampling,
-                segments=plan.prompt.segments, exact=self.config.exact,
+        def spec() -> TurnSpec:
+            version = self._versions.get(sid, 0)
+            state = self.store.turn_state(sid)
+            if state is None and not create:
+                raise UnknownSessionError(sid)
+            rec, stored = state if state is not None else (None, [])
+            new = None if rec is not None else self._new_session()
+            return TurnSpec(
+                key=sid, session_id=sid, kind="new" if rec is None else "appended",
+                system_prompt=rec.system_prompt if rec is not None else new.system_prompt,
+                history=[m.to_message() for m in stored], tail=message, context=ctx,
+                to_store=[Message("user", message)], user_text=message,
+                session_temperature=rec.temperature if rec is not None
+                else self.config.start_temperature,
+                window_start=rec.window_start if rec is not None else 0,
+                stored_count=len(stored), version=version, sampling=params, create=new,
+                started=started,
             )
-            events = self.engine.stream(request)
-            result: Result | None = None
-            try:
-                for event in events:
-                    if isinstance(event, Result):
-                        result = event
-                    else:
-                        yield event
-            finally:
-                if result is None:  # failed or closed early: abort, store nothing
-                    close = getattr(events, "close", None)
-                    if close is not None:
-                        close()
-            if result is None:
-                raise RuntimeError("engine stream ended without a Result; nothing was stored")
-            if result.finish_reason not in ("stop", "length"):
-                from suffixmem.errors import EngineClosedError
 
-                raise EngineClosedError(
-                    f"generation ended with {result.finish_reason!r}; the turn was not stored")
-            turn = self._commit(plan, result)
+        return self._run(self._plan(spec()), spec)
+
+    # -- turns: a resent message list -----------------------------------------------------------
+    def complete(self, session_id: str | None, messages: Sequence[Message], *,
+                 show_schema: bool = False, **sampling: Any) -> TurnResult:
+        """``stream_complete`` drained."""
+        return _last(self.stream_complete(session_id, messages, show_schema=show_schema,
+                                          **sampling))
+
+    def stream_complete(self, session_id: str | None, messages: Sequence[Message], *,
+                        show_schema: bool = False, **sampling: Any
+                        ) -> Iterator[TokenEvent | TurnResult]:
+        """Answer ``messages`` (the whole conversation, as frameworks send it), reconciled with
+        the stored session (see ``reconcile``); ``session_id=None`` is stateless. With
+        ``show_schema`` and a ``json_schema``, a system message showing the schema follows the
+        conversation (not stored). Same atomicity as ``stream_chat``."""
+        started = time.perf_counter()
+        sid = None if session_id is None else check_session_id(session_id)
+        msgs = check_messages(messages, self.config.max_message_chars)
+        params = check_sampling(sampling)
+        schema = params.get("json_schema")
+        if show_schema and not isinstance(schema, dict):
+            raise InvalidRequestError("show_schema needs a json_schema (a dict)")
+
+        def spec() -> TurnSpec:
+            version = self._versions.get(sid, 0) if sid is not None else 0
+            state = self.store.turn_state(sid) if sid is not None else None
+            rec, stored = state if state is not None else (None, None)
+            r = reconcile(msgs, None if stored is None else [m.to_message() for m in stored],
+                          rec.system_prompt if rec is not None else None,
+                          self.config.system_prompt)
+            tail = list(r.tail)
+            if show_schema:
+                tail.append(schema_instruction(schema))  # type: ignore[arg-type]
+            users = [m.content for m in r.tail if m.role == "user"]
+            new = None
+            if rec is None and sid is not None:
+                new = self._new_session(r.system_prompt)
+            elif r.replace:
+                new = NewSession(rec.title, rec.model, r.system_prompt)  # type: ignore[union-attr]
+            return TurnSpec(
+                key=sid if sid is not None else anon_key(msgs), session_id=sid,
+                kind=r.kind if sid is not None else "stateless", system_prompt=r.system_prompt,
+                history=list(r.history), tail=tail, context=(), to_store=list(r.to_store),
+                user_text=users[-1] if users else None,
+                session_temperature=rec.temperature if rec is not None
+                else self.config.start_temperature,
+                window_start=rec.window_start if rec is not None and not r.replace else 0,
+                stored_count=len(stored) if stored is not None else 0, version=version,
+                sampling=params, create=new, replace=r.replace,
+                fresh_topic=r.replace or sid is None, started=started,
+            )
+
+        return self._run(self._plan(spec()), spec)
+
+    # -- async twins ----------------------------------------------------------------------------
+    async def achat(self, session_id: str, message: str, **kwargs: Any) -> TurnResult:
+        return await asyncio.to_thread(self.chat, session_id, message, **kwargs)
+
+    async def acomplete(self, session_id: str | None, messages: Sequence[Message],
+                        **kwargs: Any) -> TurnResult:
+        return await asyncio.to_thread(self.complete, session_id, messages, **kwargs)
+
+    async def astream_chat(self, session_id: str, message: str, **kwargs: Any
+                           ) -> AsyncIterator[TokenEvent | TurnResult]:
+        events = await asyncio.to_thread(self.stream_chat, session_id, message, **kwargs)
+        async for e in _athread(events):
+            yield e
+
+    async def astream_complete(self, session_id: str | None, messages: Sequence[Message],
+                               **kwargs: Any) -> AsyncIterator[TokenEvent | TurnResult]:
+        events = await asyncio.to_thread(self.stream_complete, session_id, messages, **kwargs)
+        async for e in _athread(events):
+            yield e
+
+    # -- raw text completion --------------------------------------------------------------------
+    def stream_text(self, session_key: str, prompt: str, **sampling: Any
+                    ) -> Iterator[TokenEvent | Result]:
+        """Complete raw ``prompt`` (no chat template; special tokens never parsed). Stateless:
+        nothing is stored; ``session_key`` only namespaces the engine's cache."""
+        key = check_session_id(session_key, "session_key")
+        check_text("prompt", prompt, max_chars=self.config.max_message_chars)
+        params = {"max_tokens": self.config.max_tokens,
+                  "temperature": self.config.start_temperature, **check_sampling(sampling)}
+        ids = self.engine.tokenize(prompt)
+        if not ids:
+            raise InvalidRequestError("prompt is empty after tokenization")
+        return self.engine.stream(Request(session_key=key, token_ids=ids,
+                                          sampling=SamplingParams(**params)))
+
+    def complete_text(self, session_key: str, prompt: str, **sampling: Any) -> Result:
+        return _last(self.stream_text(session_key, prompt, **sampling))
+
+    # -- the turn path --------------------------------------------------------------------------
+    def _new_session(self, system_prompt: str | None = None) -> NewSession:
+        return NewSession(None, self.engine.model_name,
+                          system_prompt if system_prompt is not None
+                          else self.config.system_prompt)
+
+    def _plan(self, spec: TurnSpec) -> Plan:
+        verdict = self._detect(spec)
+        temperature = (
+            self.temperature.next(spec.session_temperature, verdict.jump)
+            if verdict.similarity is not None else spec.session_temperature
+        )
+        sampling = SamplingParams(**{"max_tokens": self.config.max_tokens,
+                                     "temperature": temperature, **spec.sampling})
+        prompt = build_prompt(self.layout, self.engine, spec, int(self.engine.max_model_len),
+                              self.config.context_window, self.config.reply_reserve, sampling)
+        return Plan(spec, prompt, verdict, temperature, sampling)
+
+    def _run(self, plan: Plan, respec: Callable[[], TurnSpec]
+             ) -> Iterator[TokenEvent | TurnResult]:
+        sid = plan.spec.session_id
+        lock = self._locks.hold(sid, f"turn {id(plan):x}") if sid is not None else _nolock()
+        with lock:
+            if sid is not None and self._versions.get(sid, 0) != plan.spec.version:
+                plan = self._plan(respec())  # another turn of this manager landed meanwhile
+            if plan.verdict.jump and sid is not None:
+                self._release(sid)
+            engine_start = time.perf_counter()
+            result: Result | None = None
+            for event in stream_turn(self.engine, plan, self.config.exact):
+                if isinstance(event, Result):
+                    result = event
+                else:
+                    yield event
+            assert result is not None  # stream_turn raises otherwise
+            done = time.perf_counter()
+            messages, text = turn_messages(plan, result, self.engine, self.counter.count)
+            if sid is not None:
+                self.store.commit_turn(
+                    sid, messages, turn_event(plan, result), temperature=plan.temperature,
+                    window_start=plan.prompt.window_start, create=plan.spec.create,
+                    replace_history=plan.spec.replace,
+                )
+                self._versions[sid] = self._versions.get(sid, 0) + 1
+                self._advance_topic(plan, text)
+                if self.config.record_segments and plan.prompt.segments:
+                    self._bookkeeping.submit(self._record_segments, sid, plan, result)
+            overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)
+            turn = turn_result(plan, result, text, overhead)
         yield turn
 
-    def _commit(self, plan: _Plan, result: Result) -> TurnResult:
-        sid = plan.session.id
-        ids = tuple(result.token_ids)
-        # keep the generated ids only when they are exactly the reply's text (a stop string
-        # may have cut the text short of the ids); otherwise the reply is re-tokenized later
-        keep = ids if ids and self.engine.detokenize(ids) == result.text else None
-        user = NewMessage("user", plan.message, None, self.counter.count(plan.message))
-        assistant = NewMessage("assistant", result.text, keep,
-                               len(keep) if keep is not None else self.counter.count(result.text))
-        self.store.commit_turn(
-            sid, [user, assistant],
-            TurnEvent(
-                prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
-                ttft_s=result.ttft_s, latency_s=result.latency_s,
-                temperature=plan.sampling.temperature, output_tokens=len(ids),
-                topic_jump=plan.verdict.jump, similarity=plan.verdict.similarity,
-                evicted_turns=plan.prompt.evicted_turns, finish_reason=result.finish_reason,
-                request_id=result.request_id or None,
-            ),
-            temperature=plan.temperature, window_start=plan.prompt.window_start,
-        )
-        self._advance_topic(sid, plan, result.text)
-        if self.config.record_segments and plan.prompt.segments:
-            try:
-                self._record_segments(sid, plan.prompt, result)
-            except Exception:  # bookkeeping only: the turn itself is committed
-                log.warning("segment bookkeeping failed for session %s", sid, exc_info=True)
-        return TurnResult(
-            text=result.text, session_id=sid, result=result,
-            prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
-            ttft_s=result.ttft_s, latency_s=result.latency_s, topic_jump=plan.verdict.jump,
-            temperature=plan.sampling.temperature, similarity=plan.verdict.similarity,
-            evicted_turns=plan.prompt.evicted_turns,
-        )
-
-    # -- planning -------------------------------------------------------------------------------
-    def _plan(self, session_id: str, message: str, context: tuple[str, ...],
-              sampling: dict[str, Any]) -> _Plan:
-        session = self.store.require_session(session_id)
-        stored = self.store.messages(session_id)
-        history = [m.to_message() for m in stored]
-        verdict = self._detect(session_id, history, message)
-        temperature = (
-            self.temperature.next(session.temperature, verdict.jump)
-            if verdict.similarity is not None else session.temperature
-        )
-        params = {"max_tokens": self.config.max_tokens, "temperature": temperature, **sampling}
-        params_obj = SamplingParams(**params)
-        window = self.config.context_window or int(self.engine.max_model_len)
-        window = min(window, int(self.engine.max_model_len))
-        reserve = self.config.reply_reserve or params_obj.max_tokens
-        budget = window - reserve
-        if budget <= 0:
-            from suffixmem.errors import ContextWindowError
-
-            raise ContextWindowError(
-                0, window, f"max_tokens={reserve} leaves no room for the prompt")
-        prompt = self.layout.build(
-            self.engine, session.system_prompt, history, message, context,
-            session.window_start, budget,
-        )
-        return _Plan(session, message, prompt, verdict, temperature, params_obj, len(stored))
+    def _record_segments(self, sid: str, plan: Plan, result: Result) -> None:
+        try:
+            segment_log.record(self.store, self.retention, sid, plan.prompt, result)
+        except Exception:  # bookkeeping only: the turn itself is committed
+            log.warning("segment bookkeeping failed for session %s", sid, exc_info=True)
 
     # -- topics ---------------------------------------------------------------------------------
     def detector(self) -> TopicDetector:
@@ -403,90 +454,44 @@ class ConversationManager:
                 self._detector = default_detector()
             return self._detector
 
-    def _turn_pairs(self, history: Sequence[Message]) -> list[tuple[str, str]]:
-        pairs: list[tuple[str, str]] = []
-        for m in history:
-            if m.role == "user":
-                pairs.append((m.content, ""))
-            elif m.role == "assistant" and pairs:
-                u, a = pairs[-1]
-                pairs[-1] = (u, f"{a}\n{m.content}" if a else m.content)
-        return pairs
-
-    def _detect(self, session_id: str, history: Sequence[Message], message: str) -> TopicVerdict:
+    def _detect(self, spec: TurnSpec) -> TopicVerdict:
         if not self.config.detect_topics:
             return TopicVerdict(False, None, reason="detection off")
+        if spec.user_text is None:
+            return TopicVerdict(False, None, reason="no user message")
         detector = self.detector()
-        cached = self._topics.get(session_id)
-        if cached is None or cached[0] != len(history):
-            state = detector.replay(self._turn_pairs(history))
-            self._topics[session_id] = (len(history), state)
+        cached = None if spec.fresh_topic else self._topics.get(spec.key)
+        if cached is None or cached[0] != len(spec.history):
+            state = detector.replay(turn_pairs(spec.history))
+            if not spec.fresh_topic:
+                self._topics[spec.key] = (len(spec.history), state)
         else:
             state = cached[1]
-        return detector.observe_user(state, message)
+        return detector.observe_user(state, spec.user_text)
 
-    def _advance_topic(self, session_id: str, plan: _Plan, reply: str) -> None:
-        if not self.config.detect_topics:
+    def _advance_topic(self, plan: Plan, reply: str) -> None:
+        key = plan.spec.key
+        if not self.config.detect_topics or plan.spec.user_text is None:
+            self._topics.pop(key, None)
             return
-        cached = self._topics.get(session_id)
-        if cached is None or cached[0] != plan.history_len:
-            self._topics.pop(session_id, None)  # rebuilt from the store next time
+        cached = self._topics.get(key)
+        if plan.spec.fresh_topic or cached is None or cached[0] != len(plan.spec.history):
+            self._topics.pop(key, None)  # rebuilt from the store next time
             return
         state = cached[1]
-        self.detector().add_turn(state, plan.message, reply, plan.verdict.jump)
-        self._topics[session_id] = (plan.history_len + 2, state)
-
-    # -- segments -------------------------------------------------------------------------------
-    def _record_segments(self, session_id: str, prompt: Prompt, result: Result) -> None:
-        now = time.time()
-        sightings = []
-        tiers = []
-        for seg in prompt.segments:
-            span = prompt.token_ids[seg.start:seg.end]
-            h = segment_hash(span)
-            scope = "*" if seg.shared else session_id
-            rec = self.store.segment(h, scope)
-            seen = 0 if rec is None else self.store.sightings(h, scope)
-            cached = rec is not None and rec.tier != Tier.NONE.value and (
-                rec.expires_at is None or rec.expires_at.timestamp() > now)
-            feats = ValueFeatures(
-                num_tokens=len(span), kind=seg.kind, shared=seg.shared, seen=seen,
-                position=seg.start, prompt_tokens=len(prompt.token_ids),
-                age_s=0.0 if rec is None else max(0.0, now - rec.created_at.timestamp()),
-                since_last_s=0.0 if rec is None else max(0.0, now - rec.last_seen_at.timestamp()),
-                sessions_seen=1 if rec is None else rec.sessions_seen,
-                token_entropy=token_entropy(span),
-            )
-            sightings.append(SegmentSighting(h, scope, seg.kind, len(span), feats.to_dict(),
-                                             hit=cached))
-            score = self.value_scorer.score(feats)
-            tiers.append((h, scope, score, self.value_scorer.tier(score)))
-        self.store.record_segments(session_id, sightings)
-        from datetime import UTC, timedelta
-        from datetime import datetime as dt
-
-        from suffixmem.conversation.value import TTL_S
-
-        for h, scope, score, tier in tiers:
-            expires = None if tier is Tier.PINNED else dt.now(UTC) + timedelta(
-                seconds=TTL_S if tier is Tier.TTL else 0)
-            self.store.set_segment_tier(h, scope, tier.value, score, expires)
+        self.detector().add_turn(state, plan.spec.user_text, reply, plan.verdict.jump)
+        self._topics[key] = (len(plan.spec.history) + len(plan.spec.to_store) + 1, state)
 
     # -- plumbing -------------------------------------------------------------------------------
-    def _lock(self, session_id: str) -> threading.Lock:
-        with self._locks_guard:
-            lock = self._locks.get(session_id)
-            if lock is None:
-                lock = self._locks[session_id] = threading.Lock()
-            return lock
+    def _forget(self, session_id: str) -> None:
+        self._topics.pop(session_id, None)
+        self._versions[session_id] = self._versions.get(session_id, 0) + 1
 
     def _release(self, session_id: str) -> None:
-        hook = getattr(self.engine, "release_session", None)
-        if callable(hook):
-            try:
-                hook(session_id)
-            except Exception:  # the cache is an optimisation; a failed release is not fatal
-                log.warning("engine.release_session(%r) failed", session_id, exc_info=True)
+        try:
+            self.engine.release_session(session_id)
+        except Exception:  # the cache is an optimisation; a failed release is not fatal
+            log.warning("engine.release_session(%r) failed", session_id, exc_info=True)
         try:
             self.store.release_segments(session_id)
         except Exception:
@@ -519,8 +524,14 @@ class ConversationManager:
             out["sessions"] = len(self.store.list_sessions())
         return out
 
+    def flush(self) -> None:
+        """Wait for pending segment bookkeeping (tests, shutdown)."""
+        self._bookkeeping.submit(lambda: None).result()
+
     def close(self) -> None:
-        """Close the database connections (the engine is the caller's to close)."""
+        """Finish bookkeeping and close the database connections (the engine is the
+        caller's to close)."""
+        self._bookkeeping.shutdown(wait=True)
         self.store.close()
 
     def __enter__(self) -> ConversationManager:
@@ -528,3 +539,46 @@ class ConversationManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def schema_instruction(json_schema: dict[str, Any]) -> Message:
+    """The system message that shows the model the JSON schema its reply is constrained to.
+    Guided decoding forces the syntax, not sensible content: a small model shown the schema
+    right before its reply closes the JSON far more often. Placed after the conversation, it
+    leaves the cached prefix of the history untouched. Not stored."""
+    return Message("system", "Reply with a JSON object that matches this JSON schema:\n"
+                   + json.dumps(json_schema))
+
+
+class _nolock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _last(events: Iterator[Any]) -> Any:
+    out = None
+    for out in events:  # noqa: B007 - the last event is the turn's result
+        pass
+    if out is None:
+        raise InvalidRequestError("the turn produced no result")
+    return out
+
+
+async def _athread(events: Iterator[T]) -> AsyncIterator[T]:
+    """Iterate a blocking generator from asyncio, each step in a worker thread; if the consumer
+    stops early the generator is closed (in a thread too), which aborts the turn."""
+    done = object()
+    finished = False
+    try:
+        while True:
+            event = await asyncio.to_thread(next, events, done)
+            if event is done:
+                finished = True
+                return
+            yield event  # type: ignore[misc]
+    finally:
+        if not finished:
+            await asyncio.to_thread(events.close)  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """SQLAlchemy 2.x table models of the conversation store.
 
-The schema itself is owned by the Alembic migrations in ``migrations/versions``; these models
-mirror it for queries (a test checks that the migrated database and these models agree).
+The schema itself is owned by the Alembic migrations in ``suffixmem/migrations/versions``;
+these models mirror it for queries (a test checks that the migrated database and these models
+agree).
 
 Times are timezone-aware UTC datetimes; token counts are model tokens; durations are seconds.
 """

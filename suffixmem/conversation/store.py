@@ -1,16 +1,17 @@
 """The conversation store: sessions, messages, segments and turn events in any SQL database.
 
 Contract:
-- ``Store(url)`` connects and upgrades the schema to the newest Alembic revision (programmatic:
-  ``migrations/alembic.ini`` is found next to the ``migrations`` package, never via the working
-  directory). An unreachable or unusable database raises ``StoreError`` naming the URL (password
-  hidden).
-- Every method is one transaction; nothing half-written is ever visible. ``commit_turn`` stores
-  the user and assistant messages *and* the turn's statistics and session state together.
+- ``Store(url)`` connects and upgrades the schema to the newest Alembic revision (see
+  ``database``). An unreachable or unusable database raises ``StoreError`` naming the URL with
+  its password masked.
+- Every method is one transaction; nothing half-written is ever visible. ``turn_state`` reads a
+  turn's session and history in one transaction; ``commit_turn`` stores the turn's messages,
+  statistics and session state in one (creating the session, or replacing its history, in the
+  same transaction when asked).
 - Positions of a session's messages are 0, 1, 2, ... with no gaps; writers of the same session
   are serialised (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: a row lock on the session), so
   concurrent writers from several threads lose nothing.
-- Returned values are small frozen dataclasses, never ORM rows.
+- Returned values are the frozen dataclasses of ``records``, never ORM rows.
 """
 
 from __future__ import annotations
@@ -19,17 +20,32 @@ import contextlib
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, func, select, update
-from sqlalchemy.engine import make_url
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import StaticPool
 
+from suffixmem.conversation.database import (
+    downgrade,
+    make_engine,
+    mask,
+    reason,
+    safe_url,
+    upgrade,
+)
+from suffixmem.conversation.records import (
+    NewMessage,
+    NewSession,
+    SegmentEvent,
+    SegmentRecord,
+    SegmentSighting,
+    SessionRecord,
+    StoredMessage,
+    TurnEvent,
+    aware,
+)
 from suffixmem.conversation.schema import (
     MessageRow,
     SegmentEventRow,
@@ -38,240 +54,26 @@ from suffixmem.conversation.schema import (
     TurnEventRow,
     utcnow,
 )
-from suffixmem.engine.protocol import ROLES, Message
+from suffixmem.conversation.validation import check_session_id
+from suffixmem.engine.protocol import ROLES
 from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
 
+__all__ = [
+    "NewMessage", "NewSession", "SegmentEvent", "SegmentRecord", "SegmentSighting",
+    "SessionRecord", "Store", "StoredMessage", "TurnEvent", "check_session_id", "downgrade",
+    "upgrade",
+]
+
 START_TEMPERATURE = 0.8
-MAX_ID_LEN = 128
 _RETRIES = 5
-
-
-def _aware(t: datetime | None) -> datetime | None:
-    # SQLite hands back naive datetimes; everything stored is UTC.
-    if t is not None and t.tzinfo is None:
-        return t.replace(tzinfo=UTC)
-    return t
-
-
-@dataclass(slots=True, frozen=True)
-class SessionRecord:
-    id: str
-    title: str | None
-    model: str | None
-    system_prompt: str | None
-    temperature: float
-    state: str
-    window_start: int
-    created_at: datetime
-    updated_at: datetime
-    message_count: int
-    forked_from: str | None = None
-
-
-@dataclass(slots=True, frozen=True)
-class StoredMessage:
-    position: int
-    role: str
-    content: str
-    token_ids: tuple[int, ...] | None
-    token_count: int
-    created_at: datetime
-
-    def to_message(self) -> Message:
-        return Message(self.role, self.content, self.token_ids)
-
-
-@dataclass(slots=True, frozen=True)
-class NewMessage:
-    """A message to store: ``token_ids`` only for assistant turns (as generated)."""
-
-    role: str
-    content: str
-    token_ids: tuple[int, ...] | None = None
-    token_count: int = 0
-
-
-@dataclass(slots=True, frozen=True)
-class TurnEvent:
-    prompt_tokens: int
-    cached_tokens: int
-    ttft_s: float
-    latency_s: float
-    temperature: float
-    output_tokens: int = 0
-    topic_jump: bool = False
-    similarity: float | None = None
-    evicted_turns: int = 0
-    finish_reason: str = "stop"
-    request_id: str | None = None
-
-
-@dataclass(slots=True, frozen=True)
-class SegmentSighting:
-    """One segment seen in a prompt (``scope``: a session id or ``"*"`` when shared)."""
-
-    hash: str
-    scope: str
-    kind: str
-    tokens: int
-    features: dict[str, float]
-    hit: bool = False
-
-
-@dataclass(slots=True, frozen=True)
-class SegmentRecord:
-    hash: str
-    scope: str
-    kind: str
-    tokens: int
-    tier: str
-    score: float | None
-    expires_at: datetime | None
-    hits: int
-    tokens_saved: int
-    sessions_seen: int
-    created_at: datetime
-    last_seen_at: datetime
-
-
-@dataclass(slots=True, frozen=True)
-class SegmentEvent:
-    hash: str
-    scope: str
-    session_id: str | None
-    kind: str
-    tokens: int
-    seen_at: datetime
-    hit: bool
-    features: dict[str, float]
-
-
-def migrations_dir() -> Path:
-    """The folder holding ``alembic.ini``, ``env.py`` and ``versions/``."""
-    try:
-        import migrations
-
-        return Path(migrations.__file__).resolve().parent
-    except ImportError:  # running from a source tree that is not installed
-        return Path(__file__).resolve().parents[2] / "migrations"
-
-
-def alembic_config(connection: Any = None) -> Any:
-    """An Alembic ``Config`` for our migrations, optionally bound to an open connection."""
-    from alembic.config import Config
-
-    here = migrations_dir()
-    cfg = Config(str(here / "alembic.ini"))
-    cfg.set_main_option("script_location", str(here))
-    if connection is not None:
-        cfg.attributes["connection"] = connection
-    return cfg
-
-
-def safe_url(url: str) -> str:
-    """``url`` with its password hidden, for error messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<unparseable database URL>"
-
-
-def make_engine(url: str) -> Engine:
-    """A SQLAlchemy engine for ``url`` with the settings the store relies on.
-
-    SQLite: foreign keys on, WAL journal, a 30 s busy timeout, and ``BEGIN IMMEDIATE`` for every
-    transaction so that concurrent writers queue up instead of failing on lock upgrades.
-    """
-    try:
-        parsed = make_url(url)
-    except Exception as e:
-        raise StoreError(f"invalid database URL {url!r}: {e}") from e
-    backend = parsed.get_backend_name()
-    kwargs: dict[str, Any] = {}
-    if backend == "sqlite":
-        memory = parsed.database in (None, "", ":memory:")
-        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-        if memory:
-            kwargs["poolclass"] = StaticPool  # one shared connection, or each gets an empty DB
-    elif backend == "postgresql":
-        kwargs["connect_args"] = {"connect_timeout": 5}
-        kwargs["pool_pre_ping"] = True
-    try:
-        engine = create_engine(url, **kwargs)
-    except Exception as e:  # missing driver, bad options
-        raise StoreError(f"cannot use database {safe_url(url)}: {e}") from e
-    if backend == "sqlite":
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see below)
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            if parsed.database not in (None, "", ":memory:"):
-                cur.execute("PRAGMA journal_mode=WAL")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine
-
-
-def upgrade(url_or_engine: str | Engine, revision: str = "head") -> None:
-    """Upgrade the database to ``revision`` (default: the newest)."""
-    _migrate(url_or_engine, "upgrade", revision)
-
-
-def downgrade(url_or_engine: str | Engine, revision: str = "base") -> None:
-    """Downgrade the database to ``revision`` (default: empty)."""
-    _migrate(url_or_engine, "downgrade", revision)
-
-
-def current_revision(url_or_engine: str | Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
-    engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
-    try:
-        with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
-    except SQLAlchemyError as e:
-        raise StoreError(f"cannot read schema revision: {e}") from e
-    finally:
-        if isinstance(url_or_engine, str):
-            engine.dispose()
-
-
-def _migrate(url_or_engine: str | Engine, direction: str, revision: str) -> None:
-    from alembic import command
-
-    engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
-    try:
-        with engine.begin() as conn:
-            getattr(command, direction)(alembic_config(conn), revision)
-    except SQLAlchemyError as e:
-        raise StoreError(
-            f"cannot {direction} database {safe_url(str(engine.url))} to {revision!r}: {e}"
-        ) from e
-    finally:
-        if isinstance(url_or_engine, str):
-            engine.dispose()
-
-
-def check_session_id(session_id: object) -> str:
-    if not isinstance(session_id, str) or not session_id.strip():
-        raise InvalidRequestError(f"session id must be a non-empty string, got {session_id!r}")
-    if len(session_id) > MAX_ID_LEN:
-        raise InvalidRequestError(f"session id longer than {MAX_ID_LEN} characters")
-    return session_id
 
 
 class Store:
     """SQL persistence of conversations (see the module docstring for the contract)."""
 
     def __init__(self, url: str, *, migrate: bool = True) -> None:
-        self.url = url
+        self.url = safe_url(url)  # shown in messages and logs: password masked
+        self._raw_url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         try:
@@ -280,7 +82,7 @@ class Store:
         except SQLAlchemyError as e:
             self.engine.dispose()
             raise StoreError(
-                f"cannot connect to database {safe_url(url)}: {_reason(e)}"
+                f"cannot connect to database {safe_url(url)}: {mask(reason(e), self._raw_url)}"
             ) from e
         if migrate:
             try:
@@ -299,9 +101,9 @@ class Store:
         except IntegrityError:
             raise
         except DBAPIError as e:
-            raise StoreError(f"database {safe_url(self.url)} failed: {_reason(e)}") from e
+            raise StoreError(f"database {self.url} failed: {mask(reason(e), self._raw_url)}") from e
         except SQLAlchemyError as e:
-            raise StoreError(f"database {safe_url(self.url)} failed: {e}") from e
+            raise StoreError(f"database {self.url} failed: {mask(str(e), self._raw_url)}") from e
 
     def _retrying(self, fn: Any) -> Any:
         # PostgreSQL may still race two first writers of a brand-new row; retry those.
@@ -311,21 +113,24 @@ class Store:
                     return fn(s)
             except IntegrityError as e:
                 if attempt == _RETRIES - 1:
-                    raise StoreError(f"database {safe_url(self.url)} conflict: {e.orig}") from e
+                    raise StoreError(
+                        f"database {self.url} conflict: {mask(str(e.orig), self._raw_url)}"
+                    ) from e
         raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.engine.dispose()
 
     # -- sessions -------------------------------------------------------------------------------
-    def _record(self, s: Session, row: SessionRow) -> SessionRecord:
-        count = s.scalar(
-            select(func.count()).select_from(MessageRow).where(MessageRow.session_id == row.id)
-        )
+    def _record(self, s: Session, row: SessionRow, count: int | None = None) -> SessionRecord:
+        if count is None:
+            count = s.scalar(
+                select(func.count()).select_from(MessageRow)
+                .where(MessageRow.session_id == row.id))
         return SessionRecord(
             id=row.id, title=row.title, model=row.model, system_prompt=row.system_prompt,
             temperature=row.temperature, state=row.state, window_start=row.window_start,
-            created_at=_aware(row.created_at), updated_at=_aware(row.updated_at),  # type: ignore[arg-type]
+            created_at=aware(row.created_at), updated_at=aware(row.updated_at),  # type: ignore[arg-type]
             message_count=int(count or 0), forked_from=row.forked_from,
         )
 
@@ -383,7 +188,7 @@ class Store:
                 SessionRecord(
                     id=r.id, title=r.title, model=r.model, system_prompt=r.system_prompt,
                     temperature=r.temperature, state=r.state, window_start=r.window_start,
-                    created_at=_aware(r.created_at), updated_at=_aware(r.updated_at),  # type: ignore[arg-type]
+                    created_at=aware(r.created_at), updated_at=aware(r.updated_at),  # type: ignore[arg-type]
                     message_count=int(counts.get(r.id, 0)), forked_from=r.forked_from,
                 )
                 for r in rows
@@ -433,40 +238,38 @@ class Store:
             s.execute(delete(SegmentRow).where(SegmentRow.scope == sid))
             s.execute(delete(SessionRow).where(SessionRow.id == sid))
 
-    def update_session(self, session_id: str, **values: Any) -> None:
-        """Set ``title``, ``state``, ``temperature``, ``system_prompt`` or ``model``."""
-        allowed = {"title", "state", "temperature", "system_prompt", "model"}
-        bad = set(values) - allowed
-        if bad:
-            raise InvalidRequestError(f"cannot update session fields {sorted(bad)}")
-        sid = check_session_id(session_id)
-        with self._tx() as s:
-            n = s.execute(
-                update(SessionRow).where(SessionRow.id == sid).values(
-                    **values, updated_at=utcnow())
-            ).rowcount
-            if not n:
-                raise UnknownSessionError(sid)
-
     # -- messages -------------------------------------------------------------------------------
+    @staticmethod
+    def _messages(s: Session, sid: str) -> list[StoredMessage]:
+        rows = s.scalars(
+            select(MessageRow).where(MessageRow.session_id == sid).order_by(MessageRow.position)
+        ).all()
+        return [
+            StoredMessage(
+                position=r.position, role=r.role, content=r.content,
+                token_ids=tuple(json.loads(r.token_ids)) if r.token_ids else None,
+                token_count=r.token_count, created_at=aware(r.created_at),  # type: ignore[arg-type]
+            )
+            for r in rows
+        ]
+
     def messages(self, session_id: str) -> list[StoredMessage]:
         """The session's committed messages in order (``UnknownSessionError`` if missing)."""
         sid = check_session_id(session_id)
         with self._tx() as s:
             if s.get(SessionRow, sid) is None:
                 raise UnknownSessionError(sid)
-            rows = s.scalars(
-                select(MessageRow).where(MessageRow.session_id == sid)
-                .order_by(MessageRow.position)
-            ).all()
-            return [
-                StoredMessage(
-                    position=r.position, role=r.role, content=r.content,
-                    token_ids=tuple(json.loads(r.token_ids)) if r.token_ids else None,
-                    token_count=r.token_count, created_at=_aware(r.created_at),  # type: ignore[arg-type]
-                )
-                for r in rows
-            ]
+            return self._messages(s, sid)
+
+    def turn_state(self, session_id: str) -> tuple[SessionRecord, list[StoredMessage]] | None:
+        """The session and its history read in one transaction (None: no such session)."""
+        sid = check_session_id(session_id)
+        with self._tx() as s:
+            row = s.get(SessionRow, sid)
+            if row is None:
+                return None
+            msgs = self._messages(s, sid)
+            return self._record(s, row, len(msgs)), msgs
 
     def _lock_session(self, s: Session, sid: str) -> SessionRow:
         row = s.execute(
@@ -519,15 +322,31 @@ class Store:
 
     def commit_turn(
         self, session_id: str, messages: Sequence[NewMessage], turn: TurnEvent, *,
-        temperature: float, window_start: int,
+        temperature: float, window_start: int, create: NewSession | None = None,
+        replace_history: bool = False,
     ) -> list[int]:
         """Store a finished turn in one transaction: its messages, its statistics and the
-        session's new temperature and window start. Returns the messages' positions."""
+        session's new temperature and window start. With ``create`` the session is created
+        first when missing; with ``replace_history`` the stored messages are replaced by
+        ``messages`` (and the system prompt set from ``create``). Returns the positions."""
         self._check(messages)
         sid = check_session_id(session_id)
 
         def run(s: Session) -> list[int]:
+            if create is not None and s.get(SessionRow, sid) is None:
+                now = utcnow()
+                s.add(SessionRow(
+                    id=sid, title=create.title, model=create.model,
+                    system_prompt=create.system_prompt, temperature=temperature,
+                    state="active", window_start=0, created_at=now, updated_at=now,
+                ))
+                s.flush()
             row = self._lock_session(s, sid)
+            if replace_history:
+                s.execute(delete(MessageRow).where(MessageRow.session_id == sid))
+                s.flush()
+                if create is not None:
+                    row.system_prompt = create.system_prompt
             positions = self._append(s, sid, messages)
             row.temperature = temperature
             row.window_start = window_start
@@ -642,10 +461,10 @@ class Store:
                 return None
             return SegmentRecord(
                 hash=r.hash, scope=r.scope, kind=r.kind, tokens=r.tokens, tier=r.tier,
-                score=r.score, expires_at=_aware(r.expires_at), hits=r.hits,
+                score=r.score, expires_at=aware(r.expires_at), hits=r.hits,
                 tokens_saved=r.tokens_saved, sessions_seen=r.sessions_seen,
-                created_at=_aware(r.created_at),  # type: ignore[arg-type]
-                last_seen_at=_aware(r.last_seen_at),  # type: ignore[arg-type]
+                created_at=aware(r.created_at),  # type: ignore[arg-type]
+                last_seen_at=aware(r.last_seen_at),  # type: ignore[arg-type]
             )
 
     def sightings(self, hash_: str, scope: str) -> int:
@@ -665,13 +484,10 @@ class Store:
             return [
                 SegmentEvent(
                     hash=r.hash, scope=r.scope, session_id=r.session_id, kind=r.kind,
-                    tokens=r.tokens, seen_at=_aware(r.seen_at), hit=r.hit,  # type: ignore[arg-type]
+                    tokens=r.tokens, seen_at=aware(r.seen_at), hit=r.hit,  # type: ignore[arg-type]
                     features=json.loads(r.features),
                 )
                 for r in s.scalars(q)
             ]
 
 
-def _reason(e: SQLAlchemyError) -> str:
-    orig = getattr(e, "orig", None)
-    return str(orig if orig is not None else e).strip().splitlines()[0]

@@ -1,21 +1,7 @@
-"""Segment value scoring: which reusable prompt spans are worth keeping in the cache, how long.
+"""Learned segment value scoring from the manager's SQL log.
 
-A ``ValueScorer`` is a one-method strategy: ``score(features) -> float`` in ``[0, 1]``, the
-estimated probability that the segment is used again soon. ``tier(score)`` maps it to a
-retention tier:
-
-- ``>= 0.85``: **pinned** (kept, never evicted for space while other tiers can go);
-- ``0.6 - 0.85``: kept for a **30-minute TTL** after its last use;
-- ``< 0.6``: **not cached**.
-
-``HeuristicValueScorer`` is the documented fallback used until enough outcomes are logged:
-
-    score = base[kind] + (0.10 if seen >= 1) + 0.05 * min(seen - 1, 2)   # recurrence
-            + 0.10 * min(sessions_seen - 1, 3) / 3                     # spread
-            - 0.20 if num_tokens < 16                                  # cheap to recompute
-
-with ``base`` = system_tail 0.9, json_schema 0.85, template/anchor 0.75, document 0.55,
-detected 0.5. A document seen once is not cached; seen again (or in another session) it is.
+The tiers, the heuristic formula and the retention policies live in ``suffixmem.retention``
+(one policy for the segment cache and the manager). This module adds the trained scorer:
 
 ``LearnedValueScorer`` is a scikit-learn gradient-boosted classifier over ``FEATURES`` (length,
 hits so far, age, time since last sight, sessions seen, position, kind, token entropy, attention
@@ -24,90 +10,40 @@ SQL (``segment_events``): a sighting is a positive example when the same segment
 seen again within ``horizon_s``. Sightings closer than ``horizon_s`` to the end of the log have
 no known outcome yet and are left out.
 
-Features are read by attribute name with defaults, so the segment cache's own
-``SegmentFeatures`` (num_tokens, kind, shared, seen, position, prompt_tokens, mean_entropy) can be
-scored directly.
+Features are ``suffixmem.retention.SegmentFeatures`` (``ValueFeatures`` is the same class).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-from array import array
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
-from enum import Enum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
-PINNED_THRESHOLD = 0.85
-CACHE_THRESHOLD = 0.6
+from suffixmem.retention import (
+    KINDS,
+    HeuristicValueScorer,
+    SegmentFeatures,
+    Tier,
+    ValueScorer,
+    segment_hash,
+    tier_of,
+    token_entropy,
+)
+
+__all__ = [  # the retention names are re-exported for the benchmarks that replay the log
+    "FEATURES", "TTL_S", "HeuristicValueScorer", "LearnedValueScorer", "Sighting", "Tier",
+    "ValueFeatures", "ValueScorer", "feature_vector", "label_sightings", "segment_hash",
+    "tier_of", "token_entropy", "train_value_scorer",
+]
+
 TTL_S = 30 * 60.0
-KINDS = ("system_tail", "template", "json_schema", "document", "anchor", "detected")
 
-
-class Tier(Enum):
-    PINNED = "pinned"
-    TTL = "ttl"
-    NONE = "none"
-
-
-def tier_of(score: float) -> Tier:
-    """The retention tier of a value score (see the module docstring)."""
-    if score >= PINNED_THRESHOLD:
-        return Tier.PINNED
-    if score >= CACHE_THRESHOLD:
-        return Tier.TTL
-    return Tier.NONE
-
-
-def segment_hash(token_ids: Sequence[int]) -> str:
-    """Hex BLAKE2b-128 of a span's token ids (the scope is stored beside it)."""
-    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).hexdigest()
-
-
-def token_entropy(token_ids: Sequence[int]) -> float:
-    """Shannon entropy (bits) of the span's token-id histogram, divided by log2(length):
-    near 1 for varied text, low for repetitive spans."""
-    n = len(token_ids)
-    if n < 2:
-        return 0.0
-    counts = Counter(token_ids).values()
-    h = -sum(c / n * math.log2(c / n) for c in counts)
-    return h / math.log2(n)
-
-
-@dataclass(slots=True, frozen=True)
-class ValueFeatures:
-    """What a scorer sees about a segment at the moment it is offered to the cache.
-
-    ``seen``: earlier sightings in its scope; ``sessions_seen``: distinct sessions that used it;
-    ``age_s``: seconds since first seen; ``since_last_s``: since the previous sighting (0 when
-    first); ``position``: start offset in the prompt; ``mean_entropy``: attention entropy when
-    the engine measured it (else None)."""
-
-    num_tokens: int
-    kind: str = "document"
-    shared: bool = False
-    seen: int = 0
-    position: int = 0
-    prompt_tokens: int = 0
-    age_s: float = 0.0
-    since_last_s: float = 0.0
-    sessions_seen: int = 1
-    token_entropy: float = 0.0
-    mean_entropy: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ValueFeatures:
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        return cls(**known)
+ValueFeatures = SegmentFeatures  # the features the manager logs are the cache's
 
 
 FEATURES = ("log_tokens", "seen", "log_age", "log_since_last", "sessions_seen", "shared",
@@ -128,40 +64,6 @@ def feature_vector(f: Any) -> list[float]:
         -1.0 if ent is None else float(ent),
         *(float(kind == k) for k in KINDS),
     ]
-
-
-@runtime_checkable
-class ValueScorer(Protocol):
-    """Rates a segment's worth of caching in [0, 1]; ``tier`` maps a score to a tier."""
-
-    def score(self, features: Any) -> float: ...
-
-    def tier(self, score: float) -> Tier: ...
-
-
-class HeuristicValueScorer:
-    """The fallback formula (module docstring)."""
-
-    BASE: Mapping[str, float] = {
-        "system_tail": 0.9, "json_schema": 0.85, "template": 0.75, "anchor": 0.75,
-        "document": 0.55, "detected": 0.5,
-    }
-
-    def score(self, features: Any) -> float:
-        s = self.BASE.get(getattr(features, "kind", "document"), 0.5)
-        seen = int(getattr(features, "seen", 0))
-        if seen >= 1:
-            s += 0.10 + 0.05 * min(seen - 1, 2)
-        s += 0.10 * min(max(int(getattr(features, "sessions_seen", 1)) - 1, 0), 3) / 3
-        if int(getattr(features, "num_tokens", 0)) < 16:
-            s -= 0.2
-        return min(1.0, max(0.0, s))
-
-    def tier(self, score: float) -> Tier:
-        return tier_of(score)
-
-    def score_many(self, features: Sequence[Any]) -> list[float]:
-        return [self.score(f) for f in features]
 
 
 class LearnedValueScorer:
@@ -185,6 +87,7 @@ class LearnedValueScorer:
 
     def tier(self, score: float) -> Tier:
         return tier_of(score)
+
 
 
 @dataclass(slots=True, frozen=True)

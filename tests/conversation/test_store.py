@@ -9,15 +9,9 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 from suffixmem.conversation.schema import Base
-from suffixmem.conversation.store import (
-    NewMessage,
-    SegmentSighting,
-    Store,
-    TurnEvent,
-    current_revision,
-    downgrade,
-    upgrade,
-)
+from suffixmem.conversation.database import current_revision, downgrade, upgrade
+from suffixmem.conversation.records import NewMessage, NewSession, SegmentSighting, TurnEvent
+from suffixmem.conversation.store import Store
 from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
 
 TABLES = {"sessions", "messages", "segments", "segment_events", "turn_events"}
@@ -186,11 +180,11 @@ def test_segments_bookkeeping(db_url: str) -> None:
 
 def test_bad_input(sqlite_url: str) -> None:
     st = Store(sqlite_url)
-    for bad in ("", "  ", "x" * 129, 3):
-        with pytest.raises(InvalidRequestError):
+    for bad in ("", "  ", "x" * 129, 3, "a\x00b", "a\ud800b"):
+        with pytest.raises(InvalidRequestError, match="session_id") as e:
             st.open_session(bad)  # type: ignore[arg-type]
-    with pytest.raises(InvalidRequestError):
-        st.update_session("x", color="red")
+        assert "\n" not in str(e.value)
+    assert st.list_sessions() == []
     st.close()
 
 
@@ -201,3 +195,30 @@ def test_unreachable_database(tmp_path: Path) -> None:
         Store("postgresql+psycopg://u:secret@127.0.0.1:1/db")
     with pytest.raises(StoreError, match="invalid database URL"):
         Store("not a url")
+    # an unparseable URL is never echoed: it may carry a password
+    with pytest.raises(StoreError) as e:
+        Store("postgresql+psycopg://u:hunter2@[::1/db")
+    assert "hunter2" not in str(e.value)
+
+
+def test_turn_state_and_commit_turn_create_and_replace(db_url: str) -> None:
+    st = Store(db_url)
+    assert st.turn_state("n") is None
+    ev = TurnEvent(prompt_tokens=5, cached_tokens=0, ttft_s=0.1, latency_s=0.2, temperature=0.8)
+    st.commit_turn("n", [NewMessage("user", "hi", None, 1), NewMessage("assistant", "yo", (7,), 1)],
+                   ev, temperature=0.7, window_start=0, create=NewSession("t", "m", "sys"))
+    rec, msgs = st.turn_state("n")  # type: ignore[misc]
+    assert (rec.system_prompt, rec.temperature, rec.message_count) == ("sys", 0.7, 2)
+    assert [(m.role, m.content, m.token_ids) for m in msgs] == [
+        ("user", "hi", None), ("assistant", "yo", (7,))]
+    st.commit_turn("n", [NewMessage("user", "new", None, 1), NewMessage("assistant", "r", None, 1)],
+                   ev, temperature=0.5, window_start=0, create=NewSession("t", "m", "other"),
+                   replace_history=True)
+    rec, msgs = st.turn_state("n")  # type: ignore[misc]
+    assert rec.system_prompt == "other" and [m.content for m in msgs] == ["new", "r"]
+    assert [m.position for m in msgs] == [0, 1]
+    with pytest.raises(UnknownSessionError):  # no create: a missing session stays missing
+        st.commit_turn("gone", [NewMessage("user", "x", None, 1)], ev, temperature=0.8,
+                       window_start=0)
+    assert st.turn_state("gone") is None
+    st.close()

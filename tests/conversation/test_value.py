@@ -38,7 +38,7 @@ def _ev(h: str, minutes: float, tokens: int = 50, **features: Any) -> SegmentEve
 
 def test_tiers() -> None:
     assert tier_of(1.0) is Tier.PINNED and tier_of(0.85) is Tier.PINNED
-    assert tier_of(0.8499) is Tier.TTL and tier_of(0.6) is Tier.TTL
+    assert tier_of(0.8499) is Tier.EXTENDED and tier_of(0.6) is Tier.EXTENDED
     assert tier_of(0.5999) is Tier.NONE
 
 
@@ -46,11 +46,11 @@ def test_heuristic_fallback() -> None:
     h = HeuristicValueScorer()
     assert h.tier(h.score(ValueFeatures(300, "system_tail"))) is Tier.PINNED
     assert h.tier(h.score(ValueFeatures(300, "document"))) is Tier.NONE
-    assert h.tier(h.score(ValueFeatures(300, "document", seen=1))) is Tier.TTL
+    assert h.tier(h.score(ValueFeatures(300, "document", seen=1))) is Tier.EXTENDED
     assert h.score(ValueFeatures(8, "document", seen=3)) < h.score(
         ValueFeatures(300, "document", seen=3))
     # the segment cache's own feature type is scored too (read by attribute)
-    from suffixmem.engine.reuse.segment_cache import SegmentFeatures
+    from suffixmem.retention import SegmentFeatures
 
     assert h.score(SegmentFeatures(num_tokens=300, kind="system_tail", shared=True)) == 0.9
 

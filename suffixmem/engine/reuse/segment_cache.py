@@ -8,11 +8,13 @@ stays in the pool. Contract:
   request's session key, or the global namespace for ``shared`` segments (a common system
   prompt). A lookup in session ``s`` sees ``s``'s entries and shared ones, never another
   session's; a hit re-checks the stored token ids, so a hash collision is a miss.
-- **Lifetime.** Unscored session segments live ``session_ttl_s`` (5 minutes) after their last
-  use. With a value scorer, a segment's score picks its tier: ``>= pinned_threshold`` (0.85) is
-  pinned (no expiry, never evicted for space), ``[cache_threshold, pinned_threshold)``
-  (0.6-0.85) lives ``extended_ttl_s`` (30 minutes) after its last use, ``< cache_threshold`` is
-  not cached. Times come from an injectable clock (seconds).
+- **Lifetime.** A ``suffixmem.retention`` policy picks each segment's tier (the same policy
+  object the manager's segment log uses). The default, ``PinnedLRU``, pins shared segments (no
+  expiry, never evicted for space) and keeps session segments ``session_ttl_s`` (5 minutes)
+  after their last use, least recently used evicted first. With a value scorer (``scorer=``,
+  i.e. ``ValueTiers``) the score picks the tier: ``>= pinned_threshold`` (0.85) pinned,
+  ``[cache_threshold, pinned_threshold)`` lives ``extended_ttl_s`` (30 minutes) after its last
+  use, below is not cached. Times come from an injectable clock (seconds).
 - **Never stale.** Expired, evicted, released or foreign-session entries are never returned:
   ``lookup`` checks expiry against the clock before answering.
 - **Leases.** ``leased(...)`` hands out a hit whose blocks carry an extra reference for the
@@ -31,10 +33,24 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from suffixmem.errors import ConfigError
+from suffixmem.retention import (
+    Decision,
+    PinnedLRU,
+    RetentionPolicy,
+    SegmentFeatures,
+    Tier,
+    ValueScorer,
+    ValueTiers,
+)
+
+__all__ = [
+    "GLOBAL_NAMESPACE", "BlockRefs", "RetentionPolicy", "SegmentCache", "SegmentCacheConfig",
+    "SegmentCacheStats", "SegmentFeatures", "SegmentHit", "SegmentKey", "Tier", "ValueScorer",
+    "namespace_for", "segment_key",
+]
 
 GLOBAL_NAMESPACE = "global"
 """Namespace label of shared segments; session namespaces are ``session:<key>``."""
@@ -62,73 +78,6 @@ def segment_key(token_ids: Sequence[int], namespace: str) -> SegmentKey:
     h.update(b"\x00")
     h.update(array("q", token_ids).tobytes())
     return SegmentKey(h.digest())
-
-
-class Tier(Enum):
-    """How long a segment is kept."""
-
-    PINNED = "pinned"  # no expiry, not evicted for space
-    EXTENDED = "extended"  # extended_ttl_s after last use
-    STANDARD = "standard"  # session_ttl_s after last use (unscored segments)
-    NONE = "none"  # not cached
-
-
-@dataclass(slots=True, frozen=True)
-class SegmentFeatures:
-    """What a value scorer sees about a segment.
-
-    ``kind`` is a ``Segment.kind``; ``seen`` counts earlier offers of the same segment in this
-    namespace (a recurring segment is worth more); ``mean_entropy`` is the mean normalized
-    attention entropy over the span when the engine measured it (lower = more stable).
-    """
-
-    num_tokens: int
-    kind: str
-    shared: bool
-    seen: int = 0
-    position: int = 0
-    prompt_tokens: int = 0
-    mean_entropy: float | None = None
-
-
-@runtime_checkable
-class ValueScorer(Protocol):
-    """A strategy that rates a segment's worth of caching in ``[0, 1]``."""
-
-    def score(self, features: SegmentFeatures) -> float: ...
-
-
-class KindValueScorer:
-    """The simple default scorer: a base value by segment kind, plus a bonus for recurrence.
-
-    Structural segments that recur by construction (system prompt tail, JSON schema, explicit
-    markers) start high; detected regions start low and earn their place by being seen again.
-    Very short segments are worth little (their recomputation is cheap).
-    """
-
-    BASE: dict[str, float] = {  # noqa: RUF012 - read-only table
-        "system_tail": 0.9,
-        "json_schema": 0.85,
-        "template": 0.75,
-        "anchor": 0.75,
-        "document": 0.65,
-        "detected": 0.5,
-    }
-
-    def __init__(self, recurrence_bonus: float = 0.1, short_tokens: int = 16) -> None:
-        if not 0.0 <= recurrence_bonus <= 1.0:
-            raise ConfigError(f"recurrence_bonus must be in [0, 1], got {recurrence_bonus}")
-        if short_tokens < 0:
-            raise ConfigError(f"short_tokens must be >= 0, got {short_tokens}")
-        self.recurrence_bonus = recurrence_bonus
-        self.short_tokens = short_tokens
-
-    def score(self, features: SegmentFeatures) -> float:
-        s = self.BASE.get(features.kind, 0.5)
-        s += self.recurrence_bonus * min(features.seen, 3) / 3
-        if features.num_tokens < self.short_tokens:
-            s -= 0.2
-        return min(1.0, max(0.0, s))
 
 
 @runtime_checkable
@@ -246,9 +195,18 @@ class SegmentCache:
         config: SegmentCacheConfig | None = None,
         scorer: ValueScorer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        policy: RetentionPolicy | None = None,
     ) -> None:
+        """``policy`` decides tiers (default ``PinnedLRU``); giving ``scorer`` instead means
+        ``ValueTiers(scorer)`` with this config's thresholds."""
         self.config = config or SegmentCacheConfig()
+        if policy is not None and scorer is not None:
+            raise ConfigError("give a retention policy or a value scorer, not both")
         self.scorer = scorer
+        self.policy: RetentionPolicy = policy or (
+            ValueTiers(scorer, self.config.pinned_threshold, self.config.cache_threshold)
+            if scorer is not None else PinnedLRU())
         self._blocks = blocks
         self._clock = clock
         # LRU order: least recently used first
@@ -317,9 +275,12 @@ class SegmentCache:
 
     def tier_of(self, features: SegmentFeatures, score: float | None = None) -> Tier:
         """The tier ``put`` would give a segment with these features (read-only twin of put)."""
-        if score is None and self.scorer is not None:
-            score = float(self.scorer.score(features))
-        return self.config.tier(score)
+        return self._decide(features, score).tier
+
+    def _decide(self, features: SegmentFeatures, score: float | None) -> Decision:
+        if score is not None:  # an explicit score overrides the policy
+            return Decision(self.config.tier(score), score)
+        return self.policy.decide(features)
 
     # -- mutation -------------------------------------------------------------------------------
     def put(
@@ -338,10 +299,11 @@ class SegmentCache:
         """Cache the KV of ``token_ids`` found in ``block_ids`` from slot ``offset`` on, keys
         rotated for positions ``origin_start...``. Takes one reference on each block.
 
-        The tier comes from ``score``, else from the scorer on ``features`` (built from the
-        arguments when not given), else ``STANDARD``. Returns the live entry (an existing live
-        entry for the same ids is kept, refreshed and returned), or ``None`` when the segment is
-        too short, scores below the cache threshold, or cannot fit the block budget.
+        The tier comes from ``score`` (this config's thresholds), else from the retention
+        policy on ``features`` (built from the arguments when not given). Returns the live
+        entry (an existing live entry for the same ids is kept, refreshed and returned), or
+        ``None`` when the segment is too short, is not admitted (tier ``NONE``), or cannot fit
+        the block budget.
         """
         ids = tuple(int(t) for t in token_ids)
         blocks = tuple(int(b) for b in block_ids)
@@ -371,9 +333,8 @@ class SegmentCache:
                     num_tokens=len(ids), kind=kind, shared=shared, seen=seen,
                     position=origin_start,
                 )
-            if score is None and self.scorer is not None:
-                score = float(self.scorer.score(features))
-            tier = self.config.tier(score)
+            decision = self._decide(features, score)
+            tier, score = decision.tier, decision.score
             if tier is Tier.NONE:
                 self._stats.rejected += 1
                 return None

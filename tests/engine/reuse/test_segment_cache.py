@@ -8,7 +8,6 @@ import pytest
 
 from suffixmem.engine.reuse.segment_cache import (
     GLOBAL_NAMESPACE,
-    KindValueScorer,
     SegmentCache,
     SegmentCacheConfig,
     SegmentFeatures,
@@ -18,6 +17,7 @@ from suffixmem.engine.reuse.segment_cache import (
 )
 from suffixmem.engine.torch.block_pool import BlockPool
 from suffixmem.errors import ConfigError
+from suffixmem.retention import LRU, HeuristicValueScorer, PinnedLRU, SecondHit, make_policy
 
 IDS = tuple(range(100, 120))  # a 20-token segment
 OTHER = tuple(range(200, 230))
@@ -209,22 +209,54 @@ def test_clear_releases_pinned_too() -> None:
     assert len(cache) == 0 and pool.num_used == 0
 
 
-def test_kind_scorer_rewards_structure_and_recurrence() -> None:
-    scorer = KindValueScorer()
+def test_heuristic_scorer_rewards_structure_and_recurrence() -> None:
+    scorer = HeuristicValueScorer()
     pool, _, cache = make(scorer=scorer)
     doc = SegmentFeatures(num_tokens=200, kind="document", shared=False)
     det = SegmentFeatures(num_tokens=200, kind="detected", shared=False)
     sys_ = SegmentFeatures(num_tokens=200, kind="system_tail", shared=True)
     assert cache.tier_of(sys_) is Tier.PINNED
-    assert cache.tier_of(doc) is Tier.EXTENDED
+    assert cache.tier_of(doc) is Tier.NONE  # a document seen once is not worth keeping
+    assert cache.tier_of(SegmentFeatures(200, "document", False, seen=1)) is Tier.EXTENDED
     assert cache.tier_of(det) is Tier.NONE
-    assert scorer.score(SegmentFeatures(200, "detected", False, seen=3)) >= 0.6
     assert scorer.score(SegmentFeatures(4, "document", False)) < scorer.score(doc)
-    # a detected region is not cached on its first offers, but is once it has recurred 3 times
-    hits = [put(cache, pool, ids=IDS, kind="detected")[1] for _ in range(4)]
-    assert hits[:3] == [None, None, None]
-    assert hits[3] is not None and hits[3].tier is Tier.EXTENDED
+    # a detected region is not cached on its first offer, but is once it has recurred
+    hits = [put(cache, pool, ids=IDS, kind="detected")[1] for _ in range(2)]
+    assert hits[0] is None
+    assert hits[1] is not None and hits[1].tier is Tier.EXTENDED
     assert cache.contains("s1", IDS)
+
+
+def test_default_policy_pins_shared_prefixes_and_keeps_the_rest_lru() -> None:
+    pool, clock, cache = make(max_blocks=16)
+    assert isinstance(cache.policy, PinnedLRU)
+    _, shared = put(cache, pool, ids=IDS, shared=True, kind="system_tail")
+    assert shared is not None and shared.tier is Tier.PINNED
+    _, own = put(cache, pool, ids=OTHER, kind="document")
+    assert own is not None and own.tier is Tier.STANDARD
+    clock.now += 301.0  # past the session TTL: the session segment expires, the pinned stays
+    assert not cache.contains("s1", OTHER)
+    assert cache.contains("s2", IDS)
+    # space pressure evicts LRU entries, never the pinned shared one
+    for i in range(3):
+        put(cache, pool, ids=tuple(range(300 + 40 * i, 330 + 40 * i)))
+    assert cache.contains("s3", IDS)
+
+
+def test_second_hit_admission_and_plain_lru() -> None:
+    pool = BlockPool(num_blocks=64, block_size=4)
+    cache = SegmentCache(pool, policy=SecondHit(), clock=Clock())
+    assert put(cache, pool)[1] is None  # first sighting: not admitted
+    second = put(cache, pool)[1]
+    assert second is not None and second.tier is Tier.STANDARD
+    lru = SegmentCache(pool, policy=LRU(), clock=Clock())
+    hit = put(lru, pool, shared=True)[1]
+    assert hit is not None and hit.tier is Tier.STANDARD  # plain LRU pins nothing
+    with pytest.raises(ConfigError, match="retention policy or a value scorer"):
+        SegmentCache(pool, policy=LRU(), scorer=HeuristicValueScorer())
+    with pytest.raises(ConfigError, match="unknown retention policy"):
+        make_policy("fifo")
+    assert isinstance(make_policy(), PinnedLRU)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,152 @@
+"""Database plumbing of the conversation store: engine creation, per-backend settings, and the
+Alembic migrations shipped inside the package (``suffixmem/migrations``).
+
+Contract: ``make_engine(url)`` gives a SQLAlchemy engine with the settings the store relies on;
+``upgrade``/``downgrade``/``current_revision`` run the migrations programmatically (the folder is
+found from the installed package, never from the working directory). Every error message shows
+the URL with its password masked (``safe_url``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from suffixmem.errors import StoreError
+
+
+def migrations_dir() -> Path:
+    """The folder holding ``alembic.ini``, ``env.py`` and ``versions/``."""
+    import suffixmem.migrations
+
+    return Path(suffixmem.migrations.__file__).resolve().parent
+
+
+def alembic_config(connection: Any = None) -> Any:
+    """An Alembic ``Config`` for our migrations, optionally bound to an open connection."""
+    from alembic.config import Config
+
+    here = migrations_dir()
+    cfg = Config(str(here / "alembic.ini"))
+    cfg.set_main_option("script_location", str(here))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password hidden, for error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"
+
+
+def mask(text: str, url: str) -> str:
+    """``text`` with the password of ``url`` (if any) replaced by ``***``, first line only."""
+    try:
+        password = make_url(url).password
+    except Exception:
+        password = None
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line.replace(str(password), "***") if password else line
+
+
+def make_engine(url: str) -> Engine:
+    """A SQLAlchemy engine for ``url`` with the settings the store relies on.
+
+    SQLite: foreign keys on, WAL journal, a 30 s busy timeout, and ``BEGIN IMMEDIATE`` for every
+    transaction so that concurrent writers queue up instead of failing on lock upgrades.
+    """
+    try:
+        parsed = make_url(url)
+    except Exception as e:
+        # never echo the URL: it may hold a password and cannot be parsed to mask it
+        raise StoreError(f"invalid database URL ({type(e).__name__})") from None
+    backend = parsed.get_backend_name()
+    kwargs: dict[str, Any] = {}
+    if backend == "sqlite":
+        memory = parsed.database in (None, "", ":memory:")
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        if memory:
+            kwargs["poolclass"] = StaticPool  # one shared connection, or each gets an empty DB
+    elif backend == "postgresql":
+        kwargs["connect_args"] = {"connect_timeout": 5}
+        kwargs["pool_pre_ping"] = True
+    try:
+        engine = create_engine(url, **kwargs)
+    except Exception as e:  # missing driver, bad options
+        raise StoreError(
+            f"cannot use database {safe_url(url)}: {mask(str(e), url)}") from e
+    if backend == "sqlite":
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see below)
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            if parsed.database not in (None, "", ":memory:"):
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def upgrade(url_or_engine: str | Engine, revision: str = "head") -> None:
+    """Upgrade the database to ``revision`` (default: the newest)."""
+    _migrate(url_or_engine, "upgrade", revision)
+
+
+def downgrade(url_or_engine: str | Engine, revision: str = "base") -> None:
+    """Downgrade the database to ``revision`` (default: empty)."""
+    _migrate(url_or_engine, "downgrade", revision)
+
+
+def current_revision(url_or_engine: str | Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    except SQLAlchemyError as e:
+        raise StoreError(
+            f"cannot read schema revision of {safe_url(str(engine.url))}: "
+            f"{mask(reason(e), engine.url.render_as_string(hide_password=False))}") from e
+    finally:
+        if isinstance(url_or_engine, str):
+            engine.dispose()
+
+
+def _migrate(url_or_engine: str | Engine, direction: str, revision: str) -> None:
+    from alembic import command
+
+    engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+    try:
+        with engine.begin() as conn:
+            getattr(command, direction)(alembic_config(conn), revision)
+    except SQLAlchemyError as e:
+        raise StoreError(
+            f"cannot {direction} database {safe_url(str(engine.url))} to {revision!r}: "
+            f"{mask(reason(e), engine.url.render_as_string(hide_password=False))}"
+        ) from e
+    finally:
+        if isinstance(url_or_engine, str):
+            engine.dispose()
+
+
+
+
+def reason(e: SQLAlchemyError) -> str:
+    orig = getattr(e, "orig", None)
+    return str(orig if orig is not None else e).strip().splitlines()[0]

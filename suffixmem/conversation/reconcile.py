@@ -1,0 +1,120 @@
+"""Reconciling a resent message list with the stored session (``ConversationManager.complete``).
+
+Frameworks such as LangChain and LlamaIndex resend the whole conversation on every call. The
+manager keeps one copy (SQL) and decides what the call means:
+
+- **new**: the session does not exist; it is created, with the sent history, in the same commit
+  as the turn.
+- **appended**: the stored history (and system prompt) is a prefix of what was sent; the rest
+  (one user message, or tool results...) is appended with the reply.
+- **rewritten**: anything else (an edited or truncated history, another system prompt); the
+  stored history is replaced by what was sent, atomically with the turn.
+- **stateless**: ``session_id=None``; nothing is stored (see ``anon_key``).
+
+A leading ``system`` message is the session's system prompt. The messages after the last
+assistant message form the *tail* the model answers (at least one, none of them assistant).
+Assistant messages matched against stored ones are rendered from the stored generated token
+ids (one place for token ids: SQL), so the prompt is the one ``chat`` would have built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from suffixmem.conversation.validation import check_text
+from suffixmem.engine.protocol import Message
+from suffixmem.errors import InvalidRequestError
+
+HistoryKind = Literal["new", "appended", "rewritten", "stateless"]
+
+
+@dataclass(slots=True, frozen=True)
+class Reconciled:
+    """``history`` (rendered before the tail, stored ids attached) and ``tail`` (answered now);
+    ``to_store`` is what the turn commits before the reply; ``replace`` says whether it replaces
+    the stored history."""
+
+    kind: HistoryKind
+    system_prompt: str | None
+    history: tuple[Message, ...]
+    tail: tuple[Message, ...]
+    to_store: tuple[Message, ...]
+    replace: bool
+
+
+def check_messages(messages: object, max_chars: int) -> tuple[Message, ...]:
+    """The sent messages, checked: suffixmem ``Message``s, valid text, something to answer."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise InvalidRequestError(
+            f"messages must be a sequence of Message, got {type(messages).__name__}")
+    out = tuple(messages)
+    if not out:
+        raise InvalidRequestError("messages is empty: nothing to answer")
+    for i, m in enumerate(out):
+        if not isinstance(m, Message):
+            raise InvalidRequestError(
+                f"messages[{i}] is a {type(m).__name__}, not a suffixmem Message")
+        check_text(f"messages[{i}].content", m.content, max_chars=max_chars,
+                   allow_empty=m.role == "assistant")
+        if m.role == "system" and i > 0:
+            raise InvalidRequestError(
+                f"messages[{i}] is a system message; only the first message may be one")
+    if out[-1].role == "assistant" or (len(out) == 1 and out[0].role == "system"):
+        raise InvalidRequestError(
+            f"messages[{len(out) - 1}] is {out[-1].role!r}: nothing to answer (the last "
+            "message must be a user or tool message)")
+    return out
+
+
+def split(messages: Sequence[Message]) -> tuple[str | None, list[Message], list[Message]]:
+    """(system prompt, conversation before the tail, tail)."""
+    system = messages[0].content if messages[0].role == "system" else None
+    conv = list(messages[1:] if system is not None else messages)
+    k = len(conv)
+    while k > 0 and conv[k - 1].role != "assistant":
+        k -= 1
+    return system, conv[:k], conv[k:]
+
+
+def _same(sent: Message, stored: Message) -> bool:
+    return sent.role == stored.role and sent.content == stored.content
+
+
+def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
+              stored_system: str | None, default_system: str | None) -> Reconciled:
+    """What ``messages`` means against the stored history (``None``: no such session)."""
+    system, before, tail = split(messages)
+    if stored is None:
+        sp = system if system is not None else default_system
+        return Reconciled("new", sp, tuple(before), tuple(tail), (*before, *tail), False)
+    sp = system if system is not None else stored_system
+    conv = [*before, *tail]
+    n = len(stored)
+    prefix = sp == stored_system and n <= len(conv) and all(
+        _same(conv[i], stored[i]) for i in range(n))
+    if prefix:
+        # matched assistant turns come back from SQL with their generated ids; messages already
+        # stored (a framework's history store may hold the user message) are not stored twice
+        merged = (*stored, *conv[n:])
+        return Reconciled("appended", sp, merged[:len(before)], tuple(tail), tuple(conv[n:]),
+                          False)
+    # an edited history: reuse stored ids where the sent message still matches at its place
+    hist = tuple(
+        stored[i] if i < n and _same(m, stored[i]) and sp == stored_system else m
+        for i, m in enumerate(before))
+    return Reconciled("rewritten", sp, hist, tuple(tail), (*hist, *tail), True)
+
+
+def anon_key(messages: Sequence[Message]) -> str:
+    """Session key of a stateless call: a hash of the system prompt and the first user message,
+    so a growing resent conversation keeps hitting its own cache entries."""
+    system, before, tail = split(messages)
+    first = next((m.content for m in (*before, *tail) if m.role == "user"), "")
+    h = hashlib.blake2b(digest_size=12)
+    h.update((system or "").encode())
+    h.update(b"\x00")
+    h.update(first.encode())
+    return f"anon-{h.hexdigest()}"

@@ -1,0 +1,122 @@
+"""Row types the conversation store returns: small frozen dataclasses, never ORM rows.
+
+Times are timezone-aware UTC (``aware`` fixes SQLite's naive datetimes on the way out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from suffixmem.engine.protocol import Message
+
+
+def aware(t: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; everything stored is UTC.
+    if t is not None and t.tzinfo is None:
+        return t.replace(tzinfo=UTC)
+    return t
+
+
+@dataclass(slots=True, frozen=True)
+class SessionRecord:
+    id: str
+    title: str | None
+    model: str | None
+    system_prompt: str | None
+    temperature: float
+    state: str
+    window_start: int
+    created_at: datetime
+    updated_at: datetime
+    message_count: int
+    forked_from: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class StoredMessage:
+    position: int
+    role: str
+    content: str
+    token_ids: tuple[int, ...] | None
+    token_count: int
+    created_at: datetime
+
+    def to_message(self) -> Message:
+        return Message(self.role, self.content, self.token_ids)
+
+
+@dataclass(slots=True, frozen=True)
+class NewMessage:
+    """A message to store: ``token_ids`` only for assistant turns (as generated)."""
+
+    role: str
+    content: str
+    token_ids: tuple[int, ...] | None = None
+    token_count: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class TurnEvent:
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    latency_s: float
+    temperature: float
+    output_tokens: int = 0
+    topic_jump: bool = False
+    similarity: float | None = None
+    evicted_turns: int = 0
+    finish_reason: str = "stop"
+    request_id: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentSighting:
+    """One segment seen in a prompt (``scope``: a session id or ``"*"`` when shared)."""
+
+    hash: str
+    scope: str
+    kind: str
+    tokens: int
+    features: dict[str, float]
+    hit: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentRecord:
+    hash: str
+    scope: str
+    kind: str
+    tokens: int
+    tier: str
+    score: float | None
+    expires_at: datetime | None
+    hits: int
+    tokens_saved: int
+    sessions_seen: int
+    created_at: datetime
+    last_seen_at: datetime
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentEvent:
+    hash: str
+    scope: str
+    session_id: str | None
+    kind: str
+    tokens: int
+    seen_at: datetime
+    hit: bool
+    features: dict[str, float]
+
+
+
+
+@dataclass(slots=True, frozen=True)
+class NewSession:
+    """A session to create with its first turn (``Store.commit_turn(create=...)``)."""
+
+    title: str | None = None
+    model: str | None = None
+    system_prompt: str | None = None

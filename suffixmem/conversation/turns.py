@@ -1,0 +1,209 @@
+"""One turn, whatever the entry point (``chat``, ``complete``, stateless): plan, generate, commit.
+
+1. **Plan** (before the engine starts; bad input raises here and nothing is stored): the turn's
+   state comes from one read transaction (``Store.turn_state``); the topic verdict (cached per
+   session, so one ``observe_user`` per turn) decides the semantic temperature *before*
+   generation; the layout builds the prompt token ids and ``Segment`` marks.
+2. **Run**: under the session's lock (held only while the turn runs; see ``locks``) the engine
+   streams; a jump first releases the session's cached segments.
+3. **Commit**: only a completed generation (``stop`` / ``length``) is stored, in one
+   transaction (messages, statistics, session state; the session row itself for a new session;
+   the replaced history for a rewritten one). Failure, early close or a refused commit store
+   nothing. Segment bookkeeping runs afterwards on a background worker, fed with the engine's
+   real hits (``Result.reused_segments`` and the prefix-cache hit), never on the path to the
+   first token or to the ``TurnResult``.
+
+``TurnResult.manager_overhead_ms`` is the time spent outside the engine: from the call to the
+engine stream's start, plus from the engine's ``Result`` to the ``TurnResult``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from suffixmem.conversation.layout import Layout, Prompt
+from suffixmem.conversation.records import NewMessage, NewSession, TurnEvent
+from suffixmem.conversation.topic import TopicVerdict
+from suffixmem.engine.protocol import Message, Request, Result, SamplingParams, TokenEvent
+from suffixmem.errors import ContextWindowError, EngineClosedError
+
+HistoryKind = Literal["new", "appended", "rewritten", "stateless"]
+
+
+@dataclass(slots=True)
+class TurnResult:
+    """The outcome of one committed turn. ``temperature`` is the sampling temperature used;
+    ``similarity`` the topic similarity (None on a first turn or with detection off);
+    ``evicted_turns`` the turns dropped from the prompt by this turn; ``history`` how the sent
+    history was reconciled with the stored one; ``token_ids`` the generated ids;
+    ``manager_overhead_ms`` the time spent outside the engine (module docstring)."""
+
+    text: str
+    session_id: str
+    result: Result
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    latency_s: float
+    topic_jump: bool
+    temperature: float
+    similarity: float | None
+    evicted_turns: int
+    history: HistoryKind = "appended"
+    finish_reason: str = "stop"
+    token_ids: tuple[int, ...] = ()
+    manager_overhead_ms: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def usage(self) -> dict[str, Any]:
+        """Token counts and timings in the shape frameworks report as usage."""
+        out = len(self.token_ids)
+        return {
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+            "output_tokens": out, "total_tokens": self.prompt_tokens + out,
+            "ttft_s": self.ttft_s, "latency_s": self.latency_s,
+            "finish_reason": self.finish_reason, "session_id": self.session_id,
+        }
+
+
+@dataclass(slots=True)
+class TurnSpec:
+    """What a caller asked for, already validated and reconciled (nothing decided yet).
+
+    ``key``: the engine's session key (the session id, or ``anon-...`` when stateless);
+    ``session_id``: None when stateless; ``history``: messages rendered before ``tail``
+    (stored ids attached); ``tail``: the user's text (``chat``) or the messages to answer;
+    ``to_store``: what the commit stores before the reply; ``user_text``: what the topic
+    detector observes (None: no verdict); ``fresh_topic``: the cached topic state does not
+    describe ``history`` (rewritten or stateless)."""
+
+    key: str
+    session_id: str | None
+    kind: HistoryKind
+    system_prompt: str | None
+    history: Sequence[Message]
+    tail: str | Sequence[Message]
+    context: tuple[str, ...]
+    to_store: Sequence[Message]
+    user_text: str | None
+    session_temperature: float
+    window_start: int
+    stored_count: int
+    version: int
+    sampling: dict[str, Any]
+    create: NewSession | None = None
+    replace: bool = False
+    fresh_topic: bool = False
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything decided before generation (nothing stored yet)."""
+
+    spec: TurnSpec
+    prompt: Prompt
+    verdict: TopicVerdict
+    temperature: float  # the session's new semantic temperature
+    sampling: SamplingParams
+
+
+def build_prompt(layout: Layout, engine: Any, spec: TurnSpec, max_model_len: int,
+                 context_window: int | None, reply_reserve: int | None,
+                 sampling: SamplingParams) -> Prompt:
+    """The layout's prompt for ``spec`` within the token budget (``ContextWindowError`` when
+    the reply reserve alone fills the window)."""
+    window = min(context_window or max_model_len, max_model_len)
+    reserve = reply_reserve or sampling.max_tokens
+    budget = window - reserve
+    if budget <= 0:
+        raise ContextWindowError(
+            0, window, f"max_tokens={reserve} alone fills the context window of {window} "
+            "tokens; lower max_tokens")
+    return layout.build(engine, spec.system_prompt, spec.history, spec.tail, spec.context,
+                        spec.window_start, budget)
+
+
+def stream_turn(engine: Any, plan: Plan, exact: bool) -> Iterator[TokenEvent | Result]:
+    """The engine's events for ``plan``; an early close or failure closes the engine stream
+    (which aborts the request). Raises unless generation completed."""
+    request = Request(
+        session_key=plan.spec.key, token_ids=plan.prompt.token_ids, sampling=plan.sampling,
+        segments=plan.prompt.segments, exact=exact,
+    )
+    events = engine.stream(request)
+    result: Result | None = None
+    try:
+        for event in events:
+            if isinstance(event, Result):
+                result = event
+            yield event
+    finally:
+        if result is None:  # failed or closed early: abort, store nothing
+            events.close()
+    if result is None:
+        raise EngineClosedError("engine stream ended without a Result; nothing was stored")
+    if result.finish_reason not in ("stop", "length"):
+        raise EngineClosedError(
+            f"generation ended with {result.finish_reason!r}; the turn was not stored")
+
+
+def turn_messages(plan: Plan, result: Result, engine: Any,
+                  count: Any) -> tuple[list[NewMessage], str]:
+    """The messages to commit (``to_store`` and the reply) and the reply text as stored."""
+    ids = tuple(result.token_ids)
+    # NUL cannot be stored in PostgreSQL text; a model may still emit one: keep the text
+    # storable (U+FFFD) and drop the ids, which then no longer match the text
+    text = result.text.replace("\x00", "\ufffd")
+    # keep the generated ids only when they are exactly the reply's text (a stop string may
+    # have cut the text short of the ids); otherwise the reply is re-tokenized later
+    keep = ids if ids and text == result.text and engine.detokenize(ids) == text else None
+    out = [
+        NewMessage(m.role, m.content, m.token_ids,
+                   len(m.token_ids) if m.token_ids is not None else count(m.content))
+        for m in plan.spec.to_store
+    ]
+    out.append(NewMessage("assistant", text, keep, len(keep) if keep is not None
+                          else count(text)))
+    return out, text
+
+
+def turn_event(plan: Plan, result: Result) -> TurnEvent:
+    return TurnEvent(
+        prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
+        ttft_s=result.ttft_s, latency_s=result.latency_s,
+        temperature=plan.sampling.temperature, output_tokens=len(result.token_ids),
+        topic_jump=plan.verdict.jump, similarity=plan.verdict.similarity,
+        evicted_turns=plan.prompt.evicted_turns, finish_reason=result.finish_reason,
+        request_id=result.request_id or None,
+    )
+
+
+def turn_result(plan: Plan, result: Result, text: str, overhead_s: float) -> TurnResult:
+    return TurnResult(
+        text=text, session_id=plan.spec.session_id or plan.spec.key, result=result,
+        prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
+        ttft_s=result.ttft_s, latency_s=result.latency_s, topic_jump=plan.verdict.jump,
+        temperature=plan.sampling.temperature, similarity=plan.verdict.similarity,
+        evicted_turns=plan.prompt.evicted_turns, history=plan.spec.kind,
+        finish_reason=result.finish_reason, token_ids=tuple(result.token_ids),
+        manager_overhead_ms=overhead_s * 1000.0,
+    )
+
+
+def turn_pairs(history: Sequence[Message]) -> list[tuple[str, str]]:
+    """(user, assistant) text pairs for the topic detector."""
+    pairs: list[tuple[str, str]] = []
+    for m in history:
+        if m.role == "user":
+            pairs.append((m.content, ""))
+        elif m.role == "assistant" and pairs:
+            u, a = pairs[-1]
+            pairs[-1] = (u, f"{a}\n{m.content}" if a else m.content)
+    return pairs
