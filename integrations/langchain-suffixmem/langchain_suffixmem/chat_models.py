@@ -138,6 +138,10 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             generation_info={"finish_reason": turn.result.finish_reason},
         )
 
+    def _show_schema(self, sampling: dict[str, Any]) -> bool:
+        # only structured output has a schema to show
+        return self.show_schema and sampling.get("json_schema") is not None
+
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -147,7 +151,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         session_id, sampling = self._call_args(stop, kwargs)
         events = self.get_manager().stream_complete(  # bad input raises here
-            session_id, to_suffixmem(messages), show_schema=self.show_schema, **sampling)
+            session_id, to_suffixmem(messages), show_schema=self._show_schema(sampling), **sampling)
         for event in with_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
                 if not event.text:
@@ -168,7 +172,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         session_id, sampling = self._call_args(stop, kwargs)
         events = self.get_manager().astream_complete(
-            session_id, to_suffixmem(messages), show_schema=self.show_schema, **sampling)
+            session_id, to_suffixmem(messages), show_schema=self._show_schema(sampling), **sampling)
         async for event in awith_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
                 if not event.text:
