@@ -102,8 +102,9 @@ class SuffixMemChatStore(BaseChatStore):
             return False
         at = mark.get("index")
         stored = self._read(key) or []
-        return (isinstance(at, int) and 0 <= at < len(stored)
-                and stored[at].role == new.role and stored[at].content == new.content)
+        # stripped: a streaming chat engine puts the reply back with its text stripped
+        return (isinstance(at, int) and 0 <= at < len(stored) and stored[at].role == new.role
+                and stored[at].content.strip() == new.content.strip())
 
     def delete_messages(self, key: str) -> list[ChatMessage] | None:
         messages = self._read(key)
