@@ -186,7 +186,7 @@ def test_oversize_prompt_and_bad_arguments_raise_value_error(
     assert isinstance(err.value, ValueError)
     with pytest.raises(ValueError, match="unsupported keyword argument"):
         chat.invoke("Hi", frequency_penalty=1.0)
-    with pytest.raises(ValueError, match="model override"):
+    with pytest.raises(ValueError, match="per-call override"):
         chat.invoke("Hi", model="gpt-4o")
     with pytest.raises(ValueError, match="max_tokens"):
         chat.invoke("Hi", max_tokens=0)
