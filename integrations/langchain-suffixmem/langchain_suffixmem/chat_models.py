@@ -8,6 +8,7 @@ for the cache, detects topic jumps, picks the semantic temperature and stores th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from operator import itemgetter
 from typing import Any, Literal
@@ -182,7 +183,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
                     await run_manager.on_llm_new_token(event.text, chunk=chunk)
                 yield chunk
             else:
-                yield self._final_chunk(event, session_id)
+                # the session lookup is SQL: keep it off the event loop
+                yield await asyncio.to_thread(self._final_chunk, event, session_id)
 
     def _generate(
         self,

@@ -144,10 +144,12 @@ class SuffixMemLLM(LLM):
     @property
     def metadata(self) -> LLMMetadata:
         # the live engine's window, or (not started yet) the one it will be started with
-        window = (
-            int(self._manager.engine.max_model_len) if self._manager is not None
-            else EngineConfig(model=self.model, **self.engine_options).max_model_len
-        )
+        if not isinstance(self.engine, str):
+            window = int(self.engine.max_model_len)
+        elif self._manager is not None:
+            window = int(self._manager.engine.max_model_len)
+        else:  # not started yet: the window it will be started with
+            window = EngineConfig(model=self.model, **self.engine_options).max_model_len
         return LLMMetadata(
             context_window=window,
             num_output=self.max_tokens or ManagerConfig().max_tokens,
