@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
 from suffixmem.conversation.manager import ConversationManager
+from suffixmem.engine.protocol import SamplingParams
 from suffixmem.errors import InvalidRequestError
 
 # configurable keys naming the conversation, in order of preference
@@ -81,6 +82,9 @@ class SuffixMemParams(BaseModel):
             self.model = self.engine.model_name
         if self.timeout is not None and self.timeout <= 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, got {self.timeout}")
+        # the instance's sampling values, checked now (the engine's own checks) rather than
+        # at the first call
+        SamplingParams(**self._call_args(None, {})[1])
         return self
 
     def get_manager(self) -> ConversationManager:

@@ -86,11 +86,19 @@ def role_of(message: BaseMessage, where: str) -> str:
 
 def to_suffixmem(messages: Sequence[BaseMessage]) -> list[Message]:
     """LangChain messages -> suffixmem messages, or ``InvalidRequestError`` naming the offending
-    one."""
-    out = []
+    one. Leading system messages (a prompt template may stack several) become the one system
+    prompt a suffixmem session has, joined by a blank line; a system message later in the
+    conversation is left for the manager to refuse."""
+    out: list[Message] = []
+    leading = True  # still in the run of system messages that opens the conversation
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        out.append(Message(role_of(m, where), text_of(m.content, where)))
+        msg = Message(role_of(m, where), text_of(m.content, where))
+        if leading and msg.role == "system" and out:
+            out[0] = Message("system", f"{out[0].content}\n\n{msg.content}")
+            continue
+        leading = leading and msg.role == "system"
+        out.append(msg)
     return out
 
 

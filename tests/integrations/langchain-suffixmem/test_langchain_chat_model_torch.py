@@ -28,7 +28,7 @@ class TestSuffixMemChatModelTorchEngine(ChatModelIntegrationTests):
 
     @property
     def standard_chat_model_params(self) -> dict[str, Any]:
-        return {"max_tokens": 24}
+        return {"max_tokens": 24, "temperature": 0.0}
 
     # No JSON-schema guided decoding on this engine: no structured output, no JSON mode.
     @property

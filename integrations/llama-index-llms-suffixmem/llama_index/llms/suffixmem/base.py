@@ -35,7 +35,7 @@ from llama_index.llms.suffixmem.messages import STORED_KEY, to_suffixmem
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
-from suffixmem.engine.protocol import Message, Result, TokenEvent
+from suffixmem.engine.protocol import Message, Result, SamplingParams, TokenEvent
 from suffixmem.errors import InvalidRequestError
 
 _SAMPLING_KWARGS = frozenset(
@@ -124,6 +124,7 @@ class SuffixMemLLM(LLM):
             self.model = self.engine.model_name
         if self.timeout is not None and self.timeout <= 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, got {self.timeout}")
+        SamplingParams(**self._call_args({})[1])  # the instance's values, checked now
         return self
 
     @classmethod
