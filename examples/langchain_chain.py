@@ -2,9 +2,11 @@
 
     .venv/bin/python examples/langchain_chain.py [--session alice] [--max-tokens 64]
 
-Every turn re-sends the whole history, as LangChain does; suffixmem renders the earlier replies
-from the tokens it generated, so each turn reads the previous turns from the KV cache. The
-answer streams token by token; the cached prompt tokens of each turn are printed after it.
+Every turn re-sends the whole history, as LangChain does. The chat model hands it to suffixmem's
+ConversationManager, which matches it with the stored session, renders the earlier replies from
+the token ids it generated (kept in SQL), and stores the new turn once (the history sees that it
+is already there). So each turn reads the previous turns from the KV cache. The answer streams
+token by token; the cached prompt tokens of each turn are printed after it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.outputs import LLMResult
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
-
-from integrations.langchain import SuffixMemChatMessageHistory, SuffixMemChatModel
+from langchain_suffixmem import SuffixMemChatMessageHistory, SuffixMemChatModel
 
 QUESTIONS = (
     "What is sourdough bread?",
@@ -57,15 +58,14 @@ def main() -> None:
         MessagesPlaceholder("history"),
         ("human", "{question}"),
     ])
-    model = SuffixMemChatModel(max_tokens=args.max_tokens)
+    model = SuffixMemChatModel(max_tokens=args.max_tokens, database_url=args.database_url)
     print("starting the engine...", file=sys.stderr, flush=True)
-    model.get_engine()  # else the first question waits for it
+    manager = model.get_manager()  # else the first question waits for the engine
     # LangChain 1.x points to LangGraph persistence instead; this is the core-only way.
     warnings.filterwarnings("ignore", message="RunnableWithMessageHistory is deprecated")
     chain = RunnableWithMessageHistory(
         prompt | model | StrOutputParser(),
-        lambda session_id: SuffixMemChatMessageHistory(
-            session_id, database_url=args.database_url),
+        lambda session_id: SuffixMemChatMessageHistory(session_id, manager=manager),
         input_messages_key="question",
         history_messages_key="history",
     )

@@ -2,9 +2,11 @@
 
     .venv/bin/python examples/llama_index_chat.py [--session bob] [--max-tokens 64]
 
-A ``SimpleChatEngine`` with a ``ChatMemoryBuffer`` over ``SuffixMemChatStore``: each answer
-streams token by token, and the cached prompt tokens of each turn (from the response's
-``raw["usage"]``, caught through LlamaIndex's instrumentation) are printed after it.
+A ``SimpleChatEngine`` with a ``ChatMemoryBuffer`` over ``SuffixMemChatStore``, both on
+suffixmem's ConversationManager (the LLM stores each turn once, with its generated token ids;
+the chat store sees it is already there). Each answer streams token by token, and the cached
+prompt tokens of each turn (from the response's ``raw["usage"]``, caught through LlamaIndex's
+instrumentation) are printed after it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
 from llama_index.core.memory import ChatMemoryBuffer
-
-from integrations.llama_index import SuffixMemChatStore, SuffixMemLLM
+from llama_index.llms.suffixmem import SuffixMemLLM
+from llama_index.storage.chat_store.suffixmem import SuffixMemChatStore
 
 QUESTIONS = (
     "What is a croissant?",
@@ -60,12 +62,14 @@ def main() -> None:
     args = parser.parse_args()
 
     get_dispatcher().add_event_handler(CacheReport())
-    llm = SuffixMemLLM(max_tokens=args.max_tokens, session_id=args.session)
+    # the LLM's session is the chat store key: the turn it stores is the one the memory holds
+    llm = SuffixMemLLM(max_tokens=args.max_tokens, session_id=args.session,
+                       database_url=args.database_url)
     print("starting the engine...", file=sys.stderr, flush=True)
-    llm.get_engine()  # else the first question waits for it
+    manager = llm.get_manager()  # else the first question waits for the engine
     memory = ChatMemoryBuffer.from_defaults(
         llm=llm,
-        chat_store=SuffixMemChatStore(args.database_url),
+        chat_store=SuffixMemChatStore(args.database_url, manager=manager),
         chat_store_key=args.session,
     )
     chat_engine = SimpleChatEngine.from_defaults(

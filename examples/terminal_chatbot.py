@@ -14,8 +14,8 @@ import argparse
 import os
 import sys
 
-from suffixmem import client
-from suffixmem.conversation.manager import ConversationManager, TurnResult
+from suffixmem import runtime
+from suffixmem.conversation.manager import TurnResult
 from suffixmem.engine.protocol import TokenEvent
 
 
@@ -34,7 +34,7 @@ def main() -> None:
 
     interactive = sys.stdin.isatty()
     print("starting the engine...", file=sys.stderr, flush=True)
-    manager = ConversationManager(client.get_engine(args.engine), args.database_url)
+    manager = runtime.get_manager(args.engine, database_url=args.database_url)
     info = manager.open_session(args.session, system_prompt=args.system)
     if info.message_count:
         print(f"continuing session {info.id!r} ({info.message_count} messages)",
@@ -64,8 +64,7 @@ def main() -> None:
                         file=sys.stderr, flush=True,
                     )
     finally:
-        manager.close()
-        client.close_engines()
+        runtime.close_all()  # the manager, then the engine
 
 
 if __name__ == "__main__":

@@ -52,7 +52,10 @@ def test_langchain_chain(tmp_path: Path) -> None:
         "langchain_chain.py", "--max-tokens", "24", "--database-url", url, "--session", "s",
         "What is bread?", "And cake?", "Which is sweeter?")
     check_turns(stdout, figures, 3)
-    assert [m.role for m in Store(url).messages("s")] == ["user", "assistant"] * 3
+    stored = Store(url).messages("s")
+    # each turn once (the manager stored it; the history saw it was there), with its ids
+    assert [m.role for m in stored] == ["user", "assistant"] * 3
+    assert all(m.token_ids for m in stored if m.role == "assistant")
 
 
 def test_llama_index_chat(tmp_path: Path) -> None:
@@ -61,7 +64,9 @@ def test_llama_index_chat(tmp_path: Path) -> None:
         "llama_index_chat.py", "--max-tokens", "24", "--database-url", url, "--session", "s",
         "What is bread?", "And cake?", "Which is sweeter?")
     check_turns(stdout, figures, 3)
-    assert [m.role for m in Store(url).messages("s")] == ["user", "assistant"] * 3
+    stored = Store(url).messages("s")
+    assert [m.role for m in stored] == ["user", "assistant"] * 3
+    assert all(m.token_ids for m in stored if m.role == "assistant")
 
 
 def test_terminal_chatbot(tmp_path: Path) -> None:

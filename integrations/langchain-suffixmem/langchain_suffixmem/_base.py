@@ -1,0 +1,209 @@
+"""What the LangChain chat model and LLM share: engine and sampling fields, the shared
+``ConversationManager`` they call, and the translation of a run's config into a session."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig, ensure_config
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from suffixmem import runtime
+from suffixmem.config import DEFAULT_MODEL, EngineConfig
+from suffixmem.conversation.manager import ConversationManager
+from suffixmem.engine.protocol import SamplingParams
+from suffixmem.errors import InvalidRequestError
+
+# configurable keys naming the conversation, in order of preference
+SESSION_KEYS = ("session_id", "thread_id")
+# per-call keyword arguments that become sampling parameters
+SAMPLING_KWARGS = frozenset(
+    {"temperature", "top_p", "top_k", "max_tokens", "seed", "json_schema", "ignore_eos"}
+)
+
+
+def session_from_config(config: RunnableConfig | None) -> str | None:
+    """``config["configurable"]["session_id"]`` or ``["thread_id"]`` (explicit config first,
+    then the config of the enclosing runnable, as ``ensure_config`` merges them)."""
+    configurable = ensure_config(config).get("configurable") or {}
+    for key in SESSION_KEYS:
+        value = configurable.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return None
+
+
+class SuffixMemParams(BaseModel):
+    """Engine, database and sampling fields of the suffixmem LangChain models.
+
+    ``engine`` is an engine name (``"vllm"``, ``"torch"``), started on first use and shared
+    process-wide (``suffixmem.runtime.get_engine(engine, model=model, **engine_options)``), or
+    an engine instance. Every call goes through the process-wide ``ConversationManager`` of that
+    engine and ``database_url`` (``suffixmem.runtime.get_manager``). ``session_id`` is the
+    session used when the run's config names none; ``None`` (the default) is stateless: nothing
+    is stored, the cache namespace is derived from the conversation's start.
+
+    Sampling fields left ``None`` take the manager's defaults; ``temperature=None`` is the
+    session's semantic temperature (it drops on a topic jump).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
+
+    engine: Any = Field(default="vllm", exclude=True)
+    model: str = DEFAULT_MODEL
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    database_url: str | None = None
+    session_id: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    timeout: float | None = None
+    """Seconds a call may take, checked between tokens; ``TimeoutError`` aborts it (nothing is
+    stored)."""
+    streaming: bool = False
+    show_schema: bool = True
+    """Show the model the JSON schema of structured output (a system message after the
+    conversation, not stored) besides constraining decoding to it."""
+
+    _manager: ConversationManager | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> SuffixMemParams:
+        if isinstance(self.engine, str):
+            # validate the options now (cheap) rather than when the engine first starts
+            EngineConfig(model=self.model, **self.engine_options)
+            runtime.supports_json_schema(self.engine)  # unknown names raise here
+        else:
+            self.model = self.engine.model_name
+        if self.timeout is not None and self.timeout <= 0:
+            raise InvalidRequestError(f"timeout must be > 0 seconds, got {self.timeout}")
+        # the instance's sampling values, checked now (the engine's own checks) rather than
+        # at the first call
+        SamplingParams(**self._call_args(None, {})[1])
+        return self
+
+    def get_manager(self) -> ConversationManager:
+        """The shared manager (its engine started on first call)."""
+        if self._manager is None:
+            if isinstance(self.engine, str):
+                self._manager = runtime.get_manager(
+                    self.engine, database_url=self.database_url, model=self.model,
+                    **self.engine_options)
+            else:
+                self._manager = runtime.get_manager(self.engine, database_url=self.database_url)
+        return self._manager
+
+    @property
+    def supports_json_schema(self) -> bool:
+        """Whether the engine can constrain output to a JSON schema (``with_structured_output``)."""
+        return runtime.supports_json_schema(self.engine)
+
+    def _call_args(
+        self, stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[str | None, dict[str, Any]]:
+        """The session and sampling values of one call, from its keyword arguments and the
+        instance. Unknown keyword arguments raise ``InvalidRequestError`` (rather than being
+        silently dropped); the values themselves are checked by the manager."""
+        kwargs = dict(kwargs)
+        session_id = kwargs.pop("session_id", None) or self.session_id
+        model = kwargs.pop("model", None)
+        if model is not None and model != self.model:
+            raise InvalidRequestError(
+                f"model: this instance serves {self.model!r}; per-call override to {model!r} is "
+                "not supported (create another instance)"
+            )
+        kwargs.pop("stream", None)  # LangChain's own streaming switch
+        unknown = sorted(set(kwargs) - SAMPLING_KWARGS)
+        if unknown:
+            raise InvalidRequestError(
+                f"unsupported keyword argument(s) {unknown}; accepted: "
+                f"{sorted(SAMPLING_KWARGS | {'session_id', 'model'})}"
+            )
+        values = {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "max_tokens": self.max_tokens, "seed": self.seed,
+            "stop": tuple(stop) if stop is not None else
+            (tuple(self.stop) if self.stop is not None else None),
+            **kwargs,
+        }
+        # None means "the default": leave it out so the manager decides
+        return session_id, {k: v for k, v in values.items() if v is not None}
+
+
+def with_deadline(events: Iterator[Any], timeout: float | None) -> Iterator[Any]:
+    """``events`` aborted (closed, so the turn stores nothing) with ``TimeoutError`` once
+    ``timeout`` seconds have passed, checked between tokens."""
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    try:
+        for event in events:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TimeoutError(f"no complete reply within {timeout} s; request aborted")
+            yield event
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+
+
+async def awith_deadline(events: AsyncIterator[Any], timeout: float | None) -> AsyncIterator[Any]:
+    """The asyncio twin of ``with_deadline``."""
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    try:
+        async for event in events:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TimeoutError(f"no complete reply within {timeout} s; request aborted")
+            yield event
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class SessionConfigMixin:
+    """Passes the session named by the run's config (``configurable.session_id`` or
+    ``thread_id``) down to ``_generate``/``_stream`` as the ``session_id`` keyword.
+
+    LangChain hands a model's ``_generate``/``_stream`` only the callbacks and metadata of the
+    config, not ``configurable``, so the public entry points read it here.
+    """
+
+    @staticmethod
+    def _with_session(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if kwargs.get("session_id") is None:
+            session_id = session_from_config(config)
+            if session_id is not None:
+                kwargs = {**kwargs, "session_id": session_id}
+        return kwargs
+
+    def invoke(
+        self, input: Any, config: RunnableConfig | None = None, *,
+        stop: list[str] | None = None, **kwargs: Any,
+    ) -> Any:
+        return super().invoke(  # type: ignore[misc]
+            input, config, stop=stop, **self._with_session(config, kwargs))
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, *,
+        stop: list[str] | None = None, **kwargs: Any,
+    ) -> Any:
+        return await super().ainvoke(  # type: ignore[misc]
+            input, config, stop=stop, **self._with_session(config, kwargs))
+
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, *,
+        stop: list[str] | None = None, **kwargs: Any,
+    ) -> Iterator[Any]:
+        return super().stream(  # type: ignore[misc,no-any-return]
+            input, config, stop=stop, **self._with_session(config, kwargs))
+
+    def astream(
+        self, input: Any, config: RunnableConfig | None = None, *,
+        stop: list[str] | None = None, **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        return super().astream(  # type: ignore[misc,no-any-return]
+            input, config, stop=stop, **self._with_session(config, kwargs))

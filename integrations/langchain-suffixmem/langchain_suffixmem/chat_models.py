@@ -1,0 +1,281 @@
+"""``SuffixMemChatModel``: a LangChain chat model on suffixmem's ``ConversationManager``.
+
+Translation only: LangChain messages become suffixmem messages, the run's config names the
+session, and the manager's events become ``AIMessageChunk``s. The manager reconciles the sent
+messages with the stored session (appended / rewritten / new / stateless), lays the prompt out
+for the cache, detects topic jumps, picks the semantic temperature and stores the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from operator import itemgetter
+from typing import Any, Literal
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.chat_models import (
+    agenerate_from_stream,
+    generate_from_stream,
+)
+from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableMap,
+    RunnablePassthrough,
+)
+from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.utils.pydantic import is_basemodel_subclass
+
+from langchain_suffixmem._base import (
+    SessionConfigMixin,
+    SuffixMemParams,
+    awith_deadline,
+    with_deadline,
+)
+from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
+from langchain_suffixmem.stored_turns import STORED_TURNS
+from suffixmem.conversation.manager import TurnResult
+from suffixmem.engine.protocol import TokenEvent
+
+StructuredMethod = Literal["json_schema", "json_mode", "function_calling"]
+
+
+def usage_metadata(turn: TurnResult) -> UsageMetadata:
+    """LangChain usage of one reply; ``input_token_details.cache_read`` = cached tokens."""
+    output = turn.result.output_tokens
+    return UsageMetadata(
+        input_tokens=turn.prompt_tokens,
+        output_tokens=output,
+        total_tokens=turn.prompt_tokens + output,
+        input_token_details=InputTokenDetails(cache_read=turn.cached_tokens),
+    )
+
+
+def response_metadata(turn: TurnResult, model_name: str, stored_index: int | None
+                      ) -> dict[str, Any]:
+    """Model name, finish reason, session, timings (seconds), the turn's topic verdict and
+    temperature, and (for a stored turn) where the reply sits in the session's history, which
+    ``SuffixMemChatMessageHistory.add_messages`` uses to not store it twice."""
+    meta: dict[str, Any] = {
+        "model_name": model_name,
+        "finish_reason": turn.result.finish_reason,
+        "session_id": turn.session_id,
+        "time_to_first_token_s": turn.ttft_s,
+        "latency_s": turn.latency_s,
+        "topic_jump": turn.topic_jump,
+        "temperature": turn.temperature,
+        "history": getattr(turn, "history", None),
+    }
+    if stored_index is not None:
+        meta[STORED_KEY] = {"session_id": turn.session_id, "index": stored_index}
+    return meta
+
+
+class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
+    """Chat model on a suffixmem engine: the model's chat template, real token streaming,
+    per-session prefix caching, and cached tokens reported as ``cache_read``.
+
+    ```python
+    from langchain_suffixmem import SuffixMemChatModel
+
+    chat = SuffixMemChatModel(max_tokens=64)
+    chat.invoke("Hello", config={"configurable": {"session_id": "alice"}})
+    ```
+
+    The session comes from ``config["configurable"]["session_id"]`` (or ``thread_id``), else a
+    ``session_id=`` call argument, else the instance's ``session_id``; with none, the call is
+    stateless (nothing stored). Per-call keyword
+    arguments: ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed``, ``stop``.
+    ``with_structured_output`` uses the engine's JSON-schema guided decoding; it raises
+    ``NotImplementedError`` on engines without it (``supports_json_schema`` is false). There is
+    no tool calling (``bind_tools`` is LangChain's default, which raises).
+    """
+
+    @property
+    def _llm_type(self) -> str:
+        return "suffixmem-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": self.model, "engine": self._engine_name()}
+
+    def _engine_name(self) -> str:
+        return self.engine if isinstance(self.engine, str) else str(self.engine.name)
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "suffixmem"
+        model = kwargs.get("model")
+        params["ls_model_name"] = model if isinstance(model, str) else self.model
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    # -- generation -----------------------------------------------------------------------------
+    def _final_chunk(self, turn: TurnResult, session_id: str | None) -> ChatGenerationChunk:
+        index = None
+        if session_id is not None:
+            # the reply is the session's last message now (the session lock is released, but
+            # a framework drives one session from one place at a time)
+            manager = self.get_manager()
+            index = manager.get_session(session_id).message_count - 1
+            STORED_TURNS.note(manager, session_id, index, turn.text)
+        return ChatGenerationChunk(
+            message=AIMessageChunk(
+                content="",
+                usage_metadata=usage_metadata(turn),
+                response_metadata=response_metadata(turn, self.model, index),
+                chunk_position="last",
+            ),
+            generation_info={"finish_reason": turn.result.finish_reason},
+        )
+
+    def _show_schema(self, sampling: dict[str, Any]) -> bool:
+        # only structured output has a schema to show
+        return self.show_schema and sampling.get("json_schema") is not None
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        session_id, sampling = self._call_args(stop, kwargs)
+        events = self.get_manager().stream_complete(  # bad input raises here
+            session_id, to_suffixmem(messages), show_schema=self._show_schema(sampling), **sampling)
+        for event in with_deadline(events, self.timeout):
+            if isinstance(event, TokenEvent):
+                if not event.text:
+                    continue  # a token that completes no character yet
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(event.text, chunk=chunk)
+                yield chunk
+            else:
+                yield self._final_chunk(event, session_id)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        session_id, sampling = self._call_args(stop, kwargs)
+        events = self.get_manager().astream_complete(
+            session_id, to_suffixmem(messages), show_schema=self._show_schema(sampling), **sampling)
+        async for event in awith_deadline(events, self.timeout):
+            if isinstance(event, TokenEvent):
+                if not event.text:
+                    continue
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(event.text, chunk=chunk)
+                yield chunk
+            else:
+                # the session lookup is SQL: keep it off the event loop
+                yield await asyncio.to_thread(self._final_chunk, event, session_id)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+
+    # LangChain's v3 event stream takes the config too; read the session from it.
+    def stream_events(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        if kwargs.get("version") == "v3":
+            kwargs = self._with_session(config, kwargs)
+        return super().stream_events(input, config, **kwargs)
+
+    def astream_events(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Any:
+        if kwargs.get("version") == "v3":
+            kwargs = self._with_session(config, kwargs)
+        return super().astream_events(input, config, **kwargs)
+
+    # -- structured output ----------------------------------------------------------------------
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: StructuredMethod = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
+        """Output constrained to ``schema`` (a Pydantic class, TypedDict or JSON schema) by the
+        engine's guided decoding; parsed into the Pydantic class, or a dict. Unless
+        ``show_schema`` is off, the model is also shown the schema (as vLLM's documentation
+        recommends), in a system message after the conversation.
+
+        Every ``method`` is served by guided decoding: ``json_schema`` and ``function_calling``
+        with the schema (there is no tool calling to use instead), ``json_mode`` with the
+        schema when one is given and any JSON object otherwise. Output always matches the
+        schema, so ``strict`` is accepted and needs no extra work. Raises
+        ``NotImplementedError`` if the engine has no guided decoding.
+        """
+        if kwargs:
+            raise ValueError(f"unsupported arguments {sorted(kwargs)}")
+        if method not in ("json_schema", "json_mode", "function_calling"):
+            raise ValueError(
+                f"unknown method {method!r}; expected 'json_schema', 'json_mode' or "
+                "'function_calling'"
+            )
+        if not self.supports_json_schema:
+            raise NotImplementedError(
+                f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so "
+                "with_structured_output is not available; use the 'vllm' engine"
+            )
+        if schema is None:
+            if method != "json_mode":
+                raise ValueError(f"method {method!r} needs a schema")
+            json_schema: dict[str, Any] = {"type": "object"}
+        else:
+            json_schema = convert_to_json_schema(schema)
+        llm = self.bind(
+            json_schema=json_schema,
+            ls_structured_output_format={
+                "kwargs": {"method": method, "strict": strict},
+                "schema": schema if schema is not None else json_schema,
+            },
+        )
+        parser: Runnable[Any, Any]
+        if isinstance(schema, type) and is_basemodel_subclass(schema):
+            parser = PydanticOutputParser(pydantic_object=schema)
+        else:
+            parser = JsonOutputParser()
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(
+            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+        )
+        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks(
+            [unparsed], exception_key="parsing_error"
+        )
+
+

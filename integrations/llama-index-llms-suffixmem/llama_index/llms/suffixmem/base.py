@@ -1,0 +1,356 @@
+"""``SuffixMemLLM``: a LlamaIndex LLM on suffixmem's ``ConversationManager``.
+
+Translation only: LlamaIndex messages become suffixmem messages, the manager's events become
+``ChatResponse``/``CompletionResponse`` deltas, and each reply's usage (cached prompt tokens,
+time to first token, topic verdict, temperature) rides in ``raw`` and ``additional_kwargs``.
+The manager reconciles the sent history with the stored session, lays the prompt out for the
+cache and stores the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.llm import LLM, default_completion_to_prompt
+from llama_index.llms.suffixmem.messages import STORED_KEY, to_suffixmem
+
+from suffixmem import runtime
+from suffixmem.config import DEFAULT_MODEL, EngineConfig
+from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
+from suffixmem.engine.protocol import Message, Result, SamplingParams, TokenEvent
+from suffixmem.errors import InvalidRequestError
+
+_SAMPLING_KWARGS = frozenset(
+    {"temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "json_schema", "ignore_eos"})
+
+
+def text_session_key(prompt: str) -> str:
+    """The cache namespace of a raw completion without a session (derived from its start)."""
+    return "anon-" + hashlib.sha256(prompt[:1024].encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def usage(event: Result | TurnResult, model_name: str) -> dict[str, Any]:
+    """The usage LlamaIndex reads (``prompt_tokens``, ``completion_tokens``, ``total_tokens``)
+    plus ``cached_tokens``, ``ttft_s``/``latency_s`` (seconds), finish reason, session, and for
+    a chat turn its topic verdict and temperature."""
+    result = event.result if isinstance(event, TurnResult) else event
+    out: dict[str, Any] = {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.output_tokens,
+        "total_tokens": result.prompt_tokens + result.output_tokens,
+        "cached_tokens": result.cached_tokens,
+        "ttft_s": result.ttft_s,
+        "latency_s": result.latency_s,
+        "finish_reason": result.finish_reason,
+        "session_id": result.session_key,
+        "model_name": model_name,
+    }
+    if isinstance(event, TurnResult):
+        out.update(session_id=event.session_id, topic_jump=event.topic_jump,
+                   temperature=event.temperature, history=getattr(event, "history", None))
+    return out
+
+
+class SuffixMemLLM(LLM):
+    """LlamaIndex LLM on suffixmem: the model's chat template, real token streaming (sync and
+    async), turns stored per session with topic jumps, semantic temperature and prefix caching.
+
+    ```python
+    from llama_index.core.chat_engine import SimpleChatEngine
+    from llama_index.core.memory import ChatMemoryBuffer
+    from llama_index.llms.suffixmem import SuffixMemLLM
+    from llama_index.storage.chat_store.suffixmem import SuffixMemChatStore
+
+    llm = SuffixMemLLM(session_id="alice", max_tokens=64)
+    memory = ChatMemoryBuffer.from_defaults(
+        chat_store=SuffixMemChatStore(), chat_store_key="alice")
+    SimpleChatEngine.from_defaults(llm=llm, memory=memory).chat("Hello")
+    ```
+
+    ``engine`` is an engine name started on first use and shared process-wide, or an engine
+    instance; calls go through the process-wide ``ConversationManager`` of that engine and
+    ``database_url`` (``suffixmem.runtime.get_manager``). ``session_id`` (also per call) names
+    the stored session: use the chat store key, so the turn the manager stores is the one the
+    chat store holds. ``None`` (default) is stateless. Sampling fields left ``None`` take the
+    manager's defaults (``temperature=None``: the session's semantic temperature).
+
+    Every response's ``raw["usage"]`` and ``additional_kwargs`` hold the usage. Empty messages
+    in the history are left out of what the model reads (a chat engine stores an empty user
+    message before it calls the LLM; it must not make every later turn fail). ``complete``
+    sends the prompt as one user message through the chat template unless ``formatted=True``
+    or a custom ``completion_to_prompt`` is set; then the text is completed as is
+    (``ConversationManager.stream_text``, nothing stored).
+    """
+
+    engine: Any = Field(default="vllm", exclude=True, description="engine name or instance")
+    model: str = Field(default=DEFAULT_MODEL, description="model name or path")
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    database_url: str | None = Field(default=None, description="default: suffixmem's own")
+    session_id: str | None = Field(default=None, description="the chat store key; None: stateless")
+    temperature: float | None = None
+    max_tokens: int | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    timeout: float | None = Field(default=None, description="seconds, checked between tokens")
+
+    _manager: ConversationManager | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> SuffixMemLLM:
+        if isinstance(self.engine, str):
+            EngineConfig(model=self.model, **self.engine_options)  # fail early on bad options
+            runtime.supports_json_schema(self.engine)  # unknown names raise here
+        else:
+            self.model = self.engine.model_name
+        if self.timeout is not None and self.timeout <= 0:
+            raise InvalidRequestError(f"timeout must be > 0 seconds, got {self.timeout}")
+        SamplingParams(**self._call_args({})[1])  # the instance's values, checked now
+        return self
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SuffixMemLLM"
+
+    def get_manager(self) -> ConversationManager:
+        """The shared manager (its engine started on first call)."""
+        if self._manager is None:
+            if isinstance(self.engine, str):
+                self._manager = runtime.get_manager(
+                    self.engine, database_url=self.database_url, model=self.model,
+                    **self.engine_options)
+            else:
+                self._manager = runtime.get_manager(self.engine, database_url=self.database_url)
+        return self._manager
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        # the live engine's window, or (not started yet) the one it will be started with
+        if not isinstance(self.engine, str):
+            window = int(self.engine.max_model_len)
+        elif self._manager is not None:
+            window = int(self._manager.engine.max_model_len)
+        else:  # not started yet: the window it will be started with
+            window = EngineConfig(model=self.model, **self.engine_options).max_model_len
+        return LLMMetadata(
+            context_window=window,
+            num_output=self.max_tokens or ManagerConfig().max_tokens,
+            is_chat_model=True,
+            is_function_calling_model=False,
+            model_name=self.model,
+            system_role=MessageRole.SYSTEM,
+        )
+
+    # -- translation ----------------------------------------------------------------------------
+    def _call_args(self, kwargs: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+        kwargs = dict(kwargs)
+        session_id = kwargs.pop("session_id", None) or self.session_id
+        unknown = sorted(set(kwargs) - _SAMPLING_KWARGS)
+        if unknown:
+            raise InvalidRequestError(
+                f"unsupported keyword argument(s) {unknown}; accepted: "
+                f"{sorted(_SAMPLING_KWARGS | {'session_id'})}"
+            )
+        values: dict[str, Any] = {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "max_tokens": self.max_tokens, "seed": self.seed,
+            "stop": tuple(self.stop) if self.stop is not None else None,
+        }
+        values.update(kwargs)
+        if isinstance(values.get("stop"), list):
+            values["stop"] = tuple(values["stop"])
+        # None means "the default": leave it out so the manager decides
+        return session_id, {k: v for k, v in values.items() if v is not None}
+
+    def _chat_events(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any],
+                     asynchronous: bool) -> Any:
+        session_id, sampling = self._call_args(kwargs)
+        # an empty message gives the model nothing to read; leaving it out keeps a history
+        # that holds one (a chat engine stores the user message before calling us) usable
+        sent = [m for m in to_suffixmem(messages) if m.content.strip()]
+        manager = self.get_manager()
+        if asynchronous:
+            return session_id, manager.astream_complete(session_id, sent, **sampling)
+        return session_id, manager.stream_complete(session_id, sent, **sampling)
+
+    def _text_events(self, prompt: str, formatted: bool, kwargs: dict[str, Any],
+                     asynchronous: bool) -> Any:
+        session_id, sampling = self._call_args(kwargs)
+        manager = self.get_manager()
+        if not formatted and self.completion_to_prompt is default_completion_to_prompt:
+            sent = [Message("user", prompt)]
+            if asynchronous:
+                return session_id, manager.astream_complete(session_id, sent, **sampling)
+            return session_id, manager.stream_complete(session_id, sent, **sampling)
+        if not formatted:
+            prompt = self.completion_to_prompt(prompt)
+        events = manager.stream_text(session_id or text_session_key(prompt), prompt, **sampling)
+        return None, (_aiter_sync(events) if asynchronous else events)
+
+    def _final(self, event: Result | TurnResult, session_id: str | None) -> dict[str, Any]:
+        u = usage(event, self.model)
+        if isinstance(event, TurnResult) and session_id is not None:
+            # where the reply now sits in the session, so our chat store does not store it twice
+            count = self.get_manager().get_session(session_id).message_count
+            u[STORED_KEY] = {"session_id": session_id, "index": count - 1}
+        return u
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.perf_counter() + self.timeout
+
+    def _check_deadline(self, deadline: float | None) -> None:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeoutError(f"no complete reply within {self.timeout} s; request aborted")
+
+    def _chat_response(self, text: str, delta: str, u: dict[str, Any] | None) -> ChatResponse:
+        if u is None:
+            message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
+            return ChatResponse(message=message, delta=delta)
+        # the marker rides on the message: a chat engine hands that message to its memory
+        message = ChatMessage(role=MessageRole.ASSISTANT, content=text,
+                              additional_kwargs={k: u[k] for k in (STORED_KEY,) if k in u})
+        return ChatResponse(message=message, delta=delta, raw={"usage": u}, additional_kwargs=u)
+
+    def _completion_response(
+        self, text: str, delta: str, u: dict[str, Any] | None
+    ) -> CompletionResponse:
+        if u is None:
+            return CompletionResponse(text=text, delta=delta)
+        return CompletionResponse(text=text, delta=delta, raw={"usage": u}, additional_kwargs=u)
+
+    # -- streams (undecorated, so a call emits one LlamaIndex event, not two) ------------------
+    def _gen(self, session_id: str | None, events: Iterator[Any], respond: Any) -> Iterator[Any]:
+        deadline = self._deadline()
+        text = ""
+        try:
+            for event in events:
+                if isinstance(event, TokenEvent):
+                    self._check_deadline(deadline)
+                    if event.text:
+                        text += event.text
+                        yield respond(text, event.text, None)
+                else:
+                    yield respond(text, "", self._final(event, session_id))
+        finally:
+            events.close()  # type: ignore[attr-defined]  # early close aborts: nothing stored
+
+    async def _agen(self, session_id: str | None, events: AsyncIterator[Any], respond: Any
+                    ) -> AsyncIterator[Any]:
+        deadline = self._deadline()
+        text = ""
+        try:
+            async for event in events:
+                if isinstance(event, TokenEvent):
+                    self._check_deadline(deadline)
+                    if event.text:
+                        text += event.text
+                        yield respond(text, event.text, None)
+                else:
+                    final = await asyncio.to_thread(self._final, event, session_id)
+                    yield respond(text, "", final)
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def _chat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Any:
+        session_id, events = self._chat_events(messages, kwargs, False)  # bad input raises here
+        return self._gen(session_id, events, self._chat_response)
+
+    def _achat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Any:
+        session_id, events = self._chat_events(messages, kwargs, True)
+        return self._agen(session_id, events, self._chat_response)
+
+    def _complete_stream(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> Any:
+        session_id, events = self._text_events(prompt, formatted, kwargs, False)
+        return self._gen(session_id, events, self._completion_response)
+
+    def _acomplete_stream(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> Any:
+        session_id, events = self._text_events(prompt, formatted, kwargs, True)
+        return self._agen(session_id, events, self._completion_response)
+
+    # -- the LlamaIndex API ---------------------------------------------------------------------
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        (last,) = deque(self._chat_stream(messages, kwargs), maxlen=1)
+        return ChatResponse(message=last.message, raw=last.raw,
+                            additional_kwargs=last.additional_kwargs)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return self._chat_stream(messages, kwargs)  # type: ignore[no-any-return]
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        last = None
+        async for last in self._achat_stream(messages, kwargs):  # noqa: B007
+            pass
+        assert last is not None
+        return ChatResponse(message=last.message, raw=last.raw,
+                            additional_kwargs=last.additional_kwargs)
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        return self._achat_stream(messages, kwargs)  # type: ignore[no-any-return]
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        (last,) = deque(self._complete_stream(prompt, formatted, kwargs), maxlen=1)
+        return CompletionResponse(text=last.text, raw=last.raw,
+                                  additional_kwargs=last.additional_kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        return self._complete_stream(prompt, formatted, kwargs)  # type: ignore[no-any-return]
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        last = None
+        async for last in self._acomplete_stream(prompt, formatted, kwargs):  # noqa: B007
+            pass
+        assert last is not None
+        return CompletionResponse(text=last.text, raw=last.raw,
+                                  additional_kwargs=last.additional_kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        return self._acomplete_stream(prompt, formatted, kwargs)  # type: ignore[no-any-return]
+
+
+async def _aiter_sync(events: Iterator[Any]) -> AsyncIterator[Any]:
+    """A sync event stream as an async one, each ``next`` in a worker thread so the event loop
+    is never blocked by the model; closing it closes (aborts) the stream."""
+    done = object()
+    try:
+        while True:
+            event = await asyncio.to_thread(next, events, done)
+            if event is done:
+                return
+            yield event
+    finally:
+        events.close()  # type: ignore[attr-defined]

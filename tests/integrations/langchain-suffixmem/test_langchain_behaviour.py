@@ -1,0 +1,240 @@
+"""What the standard suite does not check: sessions from the run's config (or stateless), cached
+tokens rising turn after turn, exact stop sequences, real streaming, the LLM, errors on bad
+input, and generated token ids kept in SQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from adapter_setup import MODEL_PARAMS
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    FunctionMessage,
+    HumanMessage,
+    SystemMessage,
+)
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_suffixmem import SuffixMemChatModel, SuffixMemLLM
+
+from suffixmem.engine.protocol import Message
+from suffixmem.errors import ContextWindowError, InvalidRequestError
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
+
+
+@pytest.fixture
+def chat(shared_engine: Any, manager: Any, database_url: str) -> SuffixMemChatModel:
+    model = SuffixMemChatModel(
+        **MODEL_PARAMS, max_tokens=12, temperature=0.0, database_url=database_url)
+    # shared through the registry: the test's manager, on the session's engine
+    assert model.get_manager() is manager and manager.engine is shared_engine
+    return model
+
+
+def test_session_comes_from_config_then_instance(chat: SuffixMemChatModel) -> None:
+    def session(**call: Any) -> str:
+        return str(chat.invoke("Hi", **call).response_metadata["session_id"])
+
+    assert session(config={"configurable": {"session_id": "cfg-session"}}) == "cfg-session"
+    assert session(config={"configurable": {"thread_id": "cfg-thread"}}) == "cfg-thread"
+    assert session(session_id="kw-session") == "kw-session"
+    # no session anywhere: stateless, nothing stored, a cache namespace of its own
+    stateless = chat.invoke("Hi")
+    assert stateless.response_metadata["history"] == "stateless"
+    assert str(stateless.response_metadata["session_id"]).startswith("anon-")
+    assert "suffixmem_stored" not in stateless.response_metadata
+    assert {s.id for s in chat.get_manager().list_sessions()} == {
+        "cfg-session", "cfg-thread", "kw-session"}
+    # inside a chain the config reaches the model too
+    chain = ChatPromptTemplate.from_messages([("human", "{q}")]) | chat
+    out = chain.invoke({"q": "Hi"}, config={"configurable": {"session_id": "chain-session"}})
+    assert out.response_metadata["session_id"] == "chain-session"
+    streamed = list(chat.stream("Hi", config={"configurable": {"session_id": "stream-s"}}))
+    assert streamed[-1].response_metadata["session_id"] == "stream-s"
+
+
+async def test_async_session_from_config(chat: SuffixMemChatModel) -> None:
+    out = await chat.ainvoke("Hi", config={"configurable": {"session_id": "async-s"}})
+    assert out.response_metadata["session_id"] == "async-s"
+    last = None
+    async for chunk in chat.astream("Hi", config={"configurable": {"thread_id": "async-t"}}):
+        last = chunk
+    assert last is not None and last.response_metadata["session_id"] == "async-t"
+
+
+def test_cached_tokens_rise_turn_by_turn(shared_engine: Any, database_url: str) -> None:
+    """LangChain re-sends the whole history as text; the manager renders each earlier reply
+    from its stored generated ids, so every turn reads all full blocks of the previous turn's
+    prompt and reply from cache."""
+    chat = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=24, temperature=0.0,
+                              session_id="rising", database_url=database_url)
+    block = shared_engine.block_size
+    history: list[BaseMessage] = [SystemMessage("You are a friendly assistant. Be brief.")]
+    cached, previous_total = [], 0
+    for question in ("What is bread made of?", "And butter?", "Which is older?", "Thanks!"):
+        history.append(HumanMessage(question))
+        reply = chat.invoke(history)
+        usage = reply.usage_metadata
+        assert usage is not None
+        read = usage["input_token_details"]["cache_read"]
+        # the previous prompt + reply minus its last token (whose KV is never computed)
+        assert read >= (previous_total - 1) // block * block
+        cached.append(read)
+        previous_total = usage["input_tokens"] + usage["output_tokens"]
+        history.append(AIMessage(reply.content))
+    assert cached == sorted(cached) and cached[-1] > cached[0] and cached[1] > 0, cached
+
+
+def test_stop_sequence_cuts_exactly(chat: SuffixMemChatModel) -> None:
+    full = str(chat.invoke("Name three colours.", max_tokens=20).content)
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = " " + words[2]
+    cut = chat.invoke("Name three colours.", max_tokens=20, stop=[stop])
+    assert cut.content == full[: full.index(stop)]
+    assert cut.response_metadata["finish_reason"] == "stop"
+    # the instance's stop list applies when the call gives none
+    model = chat.model_copy(update={"max_tokens": 20, "stop": [stop]})
+    assert model.invoke("Name three colours.").content == cut.content
+
+
+def test_stream_is_token_by_token_and_equals_invoke(chat: SuffixMemChatModel) -> None:
+    text = chat.invoke("Tell me about cats.", max_tokens=16).content
+    chunks = list(chat.stream("Tell me about cats.", max_tokens=16))
+    pieces = [c.content for c in chunks if c.content]
+    assert "".join(pieces) == text  # type: ignore[arg-type]
+    assert len(pieces) >= 8  # one chunk per token, not one per reply
+    last = chunks[-1]
+    assert last.chunk_position == "last" and last.usage_metadata is not None
+    assert last.usage_metadata["output_tokens"] == 16
+    meta = last.response_metadata
+    assert meta["model_name"] == chat.model
+    assert 0 < meta["time_to_first_token_s"] <= meta["latency_s"]
+
+
+def test_structured_output_with_include_raw(chat: SuffixMemChatModel) -> None:
+    schema = {
+        "title": "City", "type": "object",
+        "properties": {"name": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["name", "country"],
+    }
+    out = chat.with_structured_output(schema, include_raw=True).invoke(
+        "Name a city in France.", max_tokens=40)
+    assert out["parsing_error"] is None, out
+    assert set(out["parsed"]) == {"name", "country"}
+    assert isinstance(out["raw"], AIMessage)
+
+
+def test_structured_output_is_refused_without_guided_decoding() -> None:
+    model = SuffixMemChatModel(engine="torch")  # not started: the flag comes from the class
+    assert model.supports_json_schema is False
+    with pytest.raises(NotImplementedError, match="guided decoding"):
+        model.with_structured_output({"type": "object"})
+
+
+def test_llm_streams_and_reports_usage(shared_engine: Any, database_url: str) -> None:
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=10, temperature=0.0, database_url=database_url)
+    text = llm.invoke("What is the capital of France?")
+    assert "Paris" in text
+    chunks = list(llm.stream("What is the capital of France?"))
+    assert "".join(chunks) == text and len([c for c in chunks if c]) >= 2
+    result = llm.generate(["What is the capital of France?"])
+    info = result.generations[0][0].generation_info or {}
+    assert info["output_tokens"] <= 10 and info["cached_tokens"] > 0  # third identical prompt
+    assert result.llm_output is not None
+    assert result.llm_output["token_usage"]["prompt_tokens"] == info["prompt_tokens"]
+    # raw continuation: the prompt is not wrapped in the chat template
+    raw = SuffixMemLLM(**MODEL_PARAMS, max_tokens=4, chat_template=False,
+                       database_url=database_url)
+    out = raw.generate(["The capital of France is"]).generations[0][0].generation_info or {}
+    assert out["prompt_tokens"] == len(shared_engine.tokenize("The capital of France is"))
+
+
+async def test_llm_async(shared_engine: Any, database_url: str) -> None:
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=10, temperature=0.0, database_url=database_url)
+    text = await llm.ainvoke("What is the capital of France?")
+    chunks = [c async for c in llm.astream("What is the capital of France?")]
+    assert "".join(chunks) == text and "Paris" in text
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+def test_bad_messages_raise_value_error(chat: SuffixMemChatModel) -> None:
+    with pytest.raises(ValueError, match="FunctionMessage"):
+        chat.invoke([FunctionMessage(content="3", name="f")])
+    image = {"type": "image", "url": "https://example.org/cat.png"}
+    with pytest.raises(ValueError, match="'image' content block"):
+        chat.invoke([HumanMessage([{"type": "text", "text": "What is this?"}, image])])
+    with pytest.raises(ValueError, match="tool calls"):
+        chat.invoke([
+            HumanMessage("add"),
+            AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1", "type": "tool_call"}]),
+        ])
+    with pytest.raises(InvalidRequestError, match="empty"):
+        chat.invoke([HumanMessage("")])
+
+
+def test_oversize_prompt_and_bad_arguments_raise_value_error(
+    chat: SuffixMemChatModel, shared_engine: Any
+) -> None:
+    long = "word " * shared_engine.max_model_len
+    with pytest.raises(ContextWindowError, match="context window") as err:
+        chat.invoke(long)
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(ValueError, match="unsupported keyword argument"):
+        chat.invoke("Hi", frequency_penalty=1.0)
+    with pytest.raises(ValueError, match="per-call override"):
+        chat.invoke("Hi", model="gpt-4o")
+    with pytest.raises(ValueError, match="max_tokens"):
+        chat.invoke("Hi", max_tokens=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SuffixMemChatModel(max_tokens=-1)
+    with pytest.raises(ValueError, match="unknown engine"):
+        SuffixMemChatModel(engine="tensorrt")
+    # the engine is still fine after all that
+    assert chat.invoke("Hi").content
+
+
+def test_timeout_aborts_between_tokens(chat: SuffixMemChatModel) -> None:
+    slow = chat.model_copy(update={"timeout": 1e-4})
+    with pytest.raises(TimeoutError, match="aborted"):
+        slow.invoke("Tell me a long story.", max_tokens=64)
+
+
+def test_resent_replies_render_to_their_generated_ids(
+    shared_engine: Any, database_url: str
+) -> None:
+    """A sampled reply often re-tokenizes differently; the manager keeps its generated ids in
+    SQL and renders the resent text from them, so the next turn reads all of it from cache."""
+    chat = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=48, temperature=1.0,
+                              database_url=database_url)
+    manager = chat.get_manager()
+    block = shared_engine.block_size
+    candidates = [("What is 12 times 13?", 4), ("Describe a sunset in Paris.", 4)] + [
+        (q, seed) for q in ("Explain how rain forms.", "List some French words.")
+        for seed in range(16)
+    ]
+    for question, seed in candidates:
+        session = f"retok-{seed}-{len(question)}"
+        reply = chat.invoke([HumanMessage(question)], session_id=session, seed=seed)
+        stored = manager.history(session)
+        assert [m.role for m in stored] == ["user", "assistant"]
+        ids = stored[-1].token_ids
+        assert ids and stored[-1].content == reply.content
+        user = Message("user", question)
+        generated = shared_engine.render([user, Message("assistant", reply.content, ids)])
+        retokenized = shared_engine.render([user, Message("assistant", reply.content)])
+        if generated != retokenized:
+            break
+    else:
+        pytest.fail("no sampled reply re-tokenized differently")
+    usage = reply.usage_metadata
+    assert usage is not None
+    next_turn = [HumanMessage(question), AIMessage(reply.content), HumanMessage("Thanks!")]
+    read = chat.invoke(next_turn, session_id=session, max_tokens=2).usage_metadata
+    assert read is not None
+    assert read["input_token_details"]["cache_read"] >= (
+        usage["input_tokens"] + usage["output_tokens"] - 1) // block * block

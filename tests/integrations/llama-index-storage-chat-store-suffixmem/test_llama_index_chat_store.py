@@ -1,0 +1,127 @@
+"""``SuffixMemChatStore`` behaves like LlamaIndex's own ``SimpleChatStore`` (the reference),
+persists in the SQL conversation store, and backs a chat engine's memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from adapter_setup import MODEL_PARAMS
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole
+from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.memory import ChatMemoryBuffer
+from llama_index.core.storage.chat_store import SimpleChatStore
+from llama_index.llms.suffixmem import SuffixMemLLM
+from llama_index.storage.chat_store.suffixmem import SuffixMemChatStore
+
+from suffixmem import runtime
+
+pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
+
+
+def _m(role: str, text: str) -> ChatMessage:
+    return ChatMessage(role=MessageRole(role), content=text)
+
+
+def _view(messages: list[ChatMessage] | ChatMessage | None) -> Any:
+    if messages is None:
+        return None
+    if isinstance(messages, ChatMessage):
+        return (messages.role, messages.content)
+    return [(m.role, m.content) for m in messages]
+
+
+def test_matches_simple_chat_store(manager: Any) -> None:
+    ours, reference = SuffixMemChatStore(manager=manager), SimpleChatStore()
+    operations: list[tuple[str, tuple[Any, ...]]] = [
+        ("get_messages", ("a",)),
+        ("add_message", ("a", _m("user", "hi"))),
+        ("add_message", ("a", _m("assistant", "hello"))),
+        ("add_message", ("a", _m("user", "how are you?"))),
+        ("add_message", ("a", _m("system", "be kind"), 0)),
+        ("get_messages", ("a",)),
+        ("delete_message", ("a", 1)),
+        ("delete_message", ("a", 7)),
+        ("delete_message", ("a", -1)),
+        ("delete_message", ("nobody", 0)),
+        ("get_messages", ("a",)),
+        ("set_messages", ("b", [_m("user", "x"), _m("assistant", "y")])),
+        ("delete_last_message", ("b",)),
+        ("delete_last_message", ("nobody",)),
+        ("get_messages", ("b",)),
+        ("set_messages", ("b", [_m("user", "z")])),
+        ("get_messages", ("b",)),
+        ("delete_messages", ("a",)),
+        ("delete_messages", ("a",)),
+        ("get_messages", ("a",)),
+    ]
+    for name, args in operations:
+        got, want = getattr(ours, name)(*args), getattr(reference, name)(*args)
+        assert _view(got) == _view(want), (name, args)
+        assert sorted(ours.get_keys()) == sorted(reference.get_keys()), (name, args)
+
+
+async def test_async_methods_and_persistence(manager: Any, database_url: str) -> None:
+    store = SuffixMemChatStore(database_url, engine=manager.engine)
+    await store.async_add_message("k", _m("user", "hi"))
+    await store.aset_messages("k", [_m("user", "hi"), _m("assistant", "hey")])
+    # a new instance (a new process, say) reads the same rows from the database
+    again = SuffixMemChatStore(database_url, engine=manager.engine)
+    assert _view(await again.aget_messages("k")) == [
+        (MessageRole.USER, "hi"), (MessageRole.ASSISTANT, "hey")]
+    assert await again.aget_keys() == ["k"]
+    assert again.manager is store.manager is runtime.get_manager(
+        manager.engine, database_url=database_url)
+    stored = manager.history("k")
+    assert [m.role for m in stored] == ["user", "assistant"]
+    assert _view(await again.adelete_last_message("k")) == (MessageRole.ASSISTANT, "hey")
+
+
+def test_unreadable_messages_raise_value_error(manager: Any) -> None:
+    store = SuffixMemChatStore(manager=manager)
+    picture = ChatMessage(role=MessageRole.USER, blocks=[ImageBlock(url="https://x.org/a.png")])
+    with pytest.raises(ValueError, match="ImageBlock"):
+        store.add_message("k", picture)
+    assert store.get_messages("k") == []
+
+
+def test_a_repeated_message_is_stored_again(manager: Any) -> None:
+    store = SuffixMemChatStore(manager=manager)
+    for _ in range(2):
+        store.add_message("k", _m("user", "hi"))
+        store.add_message("k", _m("assistant", "hello"))
+    # a reply marked as stored under another key is stored here all the same
+    other = ChatMessage(role=MessageRole.ASSISTANT, content="hello",
+                        additional_kwargs={"suffixmem_stored": {"session_id": "x", "index": 1}})
+    store.add_message("k", other)
+    assert [m.content for m in store.get_messages("k")] == ["hi", "hello"] * 2 + ["hello"]
+
+
+@pytest.mark.slow
+def test_chat_engine_memory_in_the_store(
+    shared_engine: Any, manager: Any, database_url: str, usage_recorder: Any
+) -> None:
+    """A chat engine whose ``ChatMemoryBuffer`` lives in our store; a second engine over the
+    same store continues the conversation, and the cache still serves the old turns."""
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=24, temperature=0.0, session_id="li-store",
+                       database_url=database_url)
+
+    def chat_engine() -> SimpleChatEngine:
+        memory = ChatMemoryBuffer.from_defaults(
+            llm=llm, chat_store=SuffixMemChatStore(database_url, engine=shared_engine),
+            chat_store_key="li-store")
+        return SimpleChatEngine.from_defaults(
+            llm=llm, memory=memory, system_prompt="You are a friendly baker. Be brief.")
+
+    first = chat_engine()
+    first.chat("What is bread made of?")
+    first.chat("And butter?")
+    second = chat_engine()  # as after a restart of the app, with the engine still warm
+    second.chat("Which one is older?")
+    rows = manager.history("li-store")  # each turn once: the LLM stored it, the memory saw it
+    assert [m.role for m in rows] == ["user", "assistant"] * 3
+    usages = usage_recorder.usages
+    assert len(usages) == 3
+    previous = usages[1]["prompt_tokens"] + usages[1]["completion_tokens"]
+    block = shared_engine.block_size
+    assert usages[2]["cached_tokens"] >= (previous - 1) // block * block > 0
