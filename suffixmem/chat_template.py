@@ -51,6 +51,9 @@ class ChatTemplate:
         self._frames: dict[tuple[str, bool], _Frame] = {}
         self._lock = threading.Lock()
         self.eos_token_id: int = tokenizer.eos_token_id
+        # no token covers more characters than its vocabulary string has (bytes for byte-level
+        # BPE, characters for SentencePiece), so len(text) // this is a floor on its token count
+        self.max_token_chars = max(1, max((len(t) for t in tokenizer.get_vocab()), default=1))
         first = [Message("user", "x")]
         self.generation_prompt_ids: tuple[int, ...] = tuple(self._template_ids(
             self._text(first, True)[len(self._text(first, False)):]))
@@ -161,12 +164,19 @@ class ChatTemplate:
                max_tokens: int | None = None) -> list[int]:
         """Token ids of the whole conversation, plus the assistant header when asked.
 
-        With ``max_tokens``, stops at the first message that passes it and raises
-        ``ContextWindowError`` (a lower bound of the prompt's size); nothing is cached then.
+        With ``max_tokens``, stops at the first message that passes it (or that certainly will,
+        by its length, before tokenizing it) and raises ``ContextWindowError`` carrying a lower
+        bound of the prompt's size; nothing is cached then.
         """
         ids: list[int] = []
         fresh: dict[tuple[str, str, str], tuple[int, ...]] = {}
-        for i in range(len(messages)):
+        for i, m in enumerate(messages):
+            if max_tokens is not None and m.token_ids is None and \
+                    len(ids) + len(m.content) // self.max_token_chars > max_tokens:
+                # certainly too long: say so without tokenizing (a 1 MB message costs nothing)
+                raise ContextWindowError(
+                    len(ids) + len(m.content) // self.max_token_chars, max_tokens,
+                    "the prompt passes the room left for it; shorten the conversation")
             ids.extend(self._message_ids(messages, i, fresh))
             if max_tokens is not None and len(ids) > max_tokens:
                 raise ContextWindowError(

@@ -54,16 +54,23 @@ Event = TokenEvent | Result
 class _Flight:
     """The caller's end of one request: its outbox; ``done`` once the request finished."""
 
-    __slots__ = ("box", "done")
+    __slots__ = ("_release", "box", "done")
 
-    def __init__(self) -> None:
+    def __init__(self, release: Callable[[], None]) -> None:
         self.box: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.done = False
+        self._release = release
+
+    def finish(self) -> None:
+        """The request is over (its last item arrived): drop the outbox now, not when the
+        caller's generator is finally closed or collected."""
+        self.done = True
+        self._release()
 
     def get(self) -> Any:
         item = self.box.get()
         if isinstance(item, BaseException):
-            self.done = True  # the driver already dropped it: nothing to abort
+            self.finish()  # the driver already dropped it: nothing to abort
             raise item
         return item
 
@@ -119,6 +126,7 @@ class BaseEngine(ABC):
         if not isinstance(request, Request):
             raise InvalidRequestError(f"request must be a suffixmem Request, got "
                                       f"{type(request).__name__}")
+        request.check()  # again: a Request is mutable and its fields may have changed
         if request.sampling.json_schema is not None and not self.supports_json_schema:
             raise InvalidRequestError(f"engine {self.name!r} does not support json_schema output")
         max_tokens = request.sampling.max_tokens
@@ -141,7 +149,7 @@ class BaseEngine(ABC):
             except ContextWindowError as e:
                 raise ContextWindowError(
                     e.prompt_tokens, self.max_model_len,
-                    f"counted that many before stopping; with max_tokens={max_tokens} at most "
+                    f"at least that many; with max_tokens={max_tokens} at most "
                     f"{budget} prompt tokens fit; shorten the conversation or lower max_tokens",
                 ) from None
         if len(ids) > budget:
@@ -161,7 +169,7 @@ class BaseEngine(ABC):
             payload = self._prepare(request, ids)
         except SuffixmemError:
             raise
-        except (TypeError, ValueError, OverflowError, UnicodeError) as e:
+        except Exception as e:  # whatever this request alone cannot pass (a bad seed...)
             raise InvalidRequestError(f"request rejected: {one_line(e)}") from None
         return self._record(self._stream(request, ids, payload))
 
@@ -218,7 +226,11 @@ class BaseEngine(ABC):
     def _exchange(self, rid: str, payload: Any) -> Iterator[_Flight]:
         """Register ``rid``'s outbox, queue it, and on exit abort it (if unfinished) and drop
         the outbox, so an abandoned or failed stream leaves nothing behind."""
-        flight = _Flight()
+        def release() -> None:
+            with self._lock:
+                self._outboxes.pop(rid, None)
+
+        flight = _Flight(release)
         with self._lock:
             if self._stop:
                 raise EngineClosedError(f"engine {self.name!r} is closed")
@@ -231,8 +243,7 @@ class BaseEngine(ABC):
         finally:
             if not flight.done:
                 self._submit("abort", rid)
-            with self._lock:
-                self._outboxes.pop(rid, None)
+            release()
 
     def _submit(self, op: str, arg: Any) -> None:
         self._inbox.put((op, arg))

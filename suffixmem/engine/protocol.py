@@ -120,6 +120,11 @@ class SamplingParams:
     json_schema: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Validate (again): engines call this at their boundary, so values changed after
+        construction cannot slip through."""
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -208,6 +213,10 @@ class Request:
     request_id: str = field(default_factory=_new_request_id)
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Validate (again, at the engine's boundary: ``Request`` is mutable)."""
         check_session_key(self.session_key)
         if not isinstance(self.request_id, str) or not self.request_id:
             raise InvalidRequestError("request_id must be a non-empty string")
@@ -215,6 +224,7 @@ class Request:
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidRequestError(f"sampling must be a SamplingParams, got "
                                       f"{type(self.sampling).__name__}")
+        self.sampling.check()
         if not isinstance(self.exact, bool):
             raise InvalidRequestError(f"exact must be a bool, got {self.exact!r}")
         if (self.messages is None) == (self.token_ids is None):

@@ -170,7 +170,9 @@ class VLLMEngine(BaseEngine):
                 new_ids = list(comp.token_ids)
                 if new_ids and not ids:
                     ttft = time.perf_counter() - t0
-                flight.done = finished = bool(out.finished)
+                finished = bool(out.finished)
+                if finished:
+                    flight.finish()
                 if finished and comp.finish_reason == "stop" and new_ids and \
                         new_ids[-1] == self.template.eos_token_id and comp.stop_reason is None:
                     new_ids = new_ids[:-1]  # keep the end-of-turn token out of the reply's ids

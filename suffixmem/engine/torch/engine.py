@@ -146,7 +146,8 @@ class TorchEngine(BaseEngine):
         with self._exchange(request.request_id, payload) as flight:
             while not flight.done:
                 item = flight.get()
-                flight.done = isinstance(item, Result)
+                if isinstance(item, Result):
+                    flight.finish()
                 yield item
 
     # -- extension API (driver thread: call from a reuse hook or through run_in_driver) ---------
