@@ -297,12 +297,16 @@ class BaseEngine(ABC):
         finally:
             self._fail_everything(EngineClosedError(f"engine {self.name!r} was closed"))
 
-    def _drain_inbox(self) -> None:
+    def _take_inbox(self) -> Iterator[tuple[str, Any]]:
+        """What callers queued so far, without waiting."""
         while True:
             try:
-                op, arg = self._inbox.get_nowait()
+                yield self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _drain_inbox(self) -> None:
+        for op, arg in self._take_inbox():
             if op == "add":
                 rid, payload = arg
                 try:
@@ -335,11 +339,7 @@ class BaseEngine(ABC):
         with self._lock:
             self._stop = True
             flights = list(self._outboxes.values())
-        while True:
-            try:
-                op, arg = self._inbox.get_nowait()
-            except queue.Empty:
-                break
+        for op, arg in self._take_inbox():
             if op == "call":
                 arg[1].set_exception(error)
         for flight in flights:

@@ -314,15 +314,15 @@ class Result:
 
 @dataclass(slots=True)
 class EngineStats:
-    """Running totals since the engine started."""
+    """Running totals since the engine started (token counts are model tokens)."""
 
-    requests: int = 0
+    requests: int = 0  # finished requests (aborted and failed ones are not counted)
     prompt_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from cache, segment reuse included
     output_tokens: int = 0
-    reused_segment_tokens: int = 0
-    kv_capacity_bytes: int = 0
-    kv_used_bytes: int = 0
+    reused_segment_tokens: int = 0  # of cached_tokens, those from the segment cache
+    kv_capacity_bytes: int = 0  # the KV pool's size
+    kv_used_bytes: int = 0  # KV held right now (running requests and cached blocks)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

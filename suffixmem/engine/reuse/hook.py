@@ -50,12 +50,8 @@ MAX_PENDING_STORES = 1024
 class SegmentReuseHook:
     """Implements the torch engine's ``ReuseHook`` (``apply``) and ``after_prefill``."""
 
-    def __init__(
-        self,
-        cache: SegmentCache,
-        blend: BlendConfig | None = None,
-        engine: ReuseEngine | None = None,
-    ) -> None:
+    def __init__(self, cache: SegmentCache, blend: BlendConfig | None = None,
+                 engine: ReuseEngine | None = None) -> None:
         self.cache = cache
         self.blend = blend or BlendConfig()
         self.engine = engine
