@@ -7,8 +7,11 @@ Contract:
   ``Result`` as its last item. Closing the generator early (``close()``, ``break``) aborts the
   request and frees its resources; no ``Result`` is produced then.
 - ``Engine.generate(request)`` is built on ``stream`` and returns the ``Result``.
-- Bad input raises ``InvalidRequestError`` (a ``ValueError``) before any work is done, and the
-  engine stays usable.
+- Bad input raises ``InvalidRequestError`` (a ``ValueError``, one line naming the field) before
+  any work is done, and the engine stays usable. ``SamplingParams``/``Request`` check types and
+  ranges strictly when built; engines call ``Request.check()`` again at their boundary.
+- ``Engine`` lists everything the manager and adapters call; ``suffixmem.engine.base.BaseEngine``
+  implements the shared part (driver thread, tokenizer trio, checks, close).
 - Times are seconds (``time.perf_counter`` deltas); token counts are model tokens.
 """
 
