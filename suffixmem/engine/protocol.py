@@ -23,6 +23,13 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from suffixmem.engine.checks import (
+    MAX_SEED,
+    check_session_key,
+    check_text,
+    integer,
+    real_number,
+)
 from suffixmem.errors import InvalidRequestError
 
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
@@ -30,50 +37,6 @@ FinishReason = Literal["stop", "length", "abort"]
 SEGMENT_KINDS: frozenset[str] = frozenset(
     {"system_tail", "template", "json_schema", "document", "anchor", "detected"}
 )
-
-
-MAX_SEED = 2**63 - 1
-MAX_SESSION_KEY_CHARS = 256
-
-
-def check_text(what: str, value: object) -> str:
-    """``value`` if it is a ``str`` of valid Unicode (no lone surrogates) without NUL."""
-    if not isinstance(value, str):
-        raise InvalidRequestError(f"{what} must be a string, got {type(value).__name__}")
-    if "\x00" in value:
-        raise InvalidRequestError(f"{what} contains a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidRequestError(
-            f"{what} is not valid Unicode (lone surrogate at index {e.start})") from None
-    return value
-
-
-def check_session_key(key: object) -> str:
-    """A session key: a non-empty string of valid Unicode, no NUL, at most 256 characters."""
-    if not isinstance(key, str) or not key:
-        raise InvalidRequestError("session_key must be a non-empty string")
-    if len(key) > MAX_SESSION_KEY_CHARS:
-        raise InvalidRequestError(
-            f"session_key is {len(key)} characters long; the limit is {MAX_SESSION_KEY_CHARS}")
-    return check_text("session_key", key)
-
-
-def _real(what: str, value: object, lo: float, hi: float) -> float:
-    """``value`` as a float in ``[lo, hi]``; a str, bool, NaN or other type is refused."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequestError(f"{what} must be a number, got {value!r}")
-    x = float(value)
-    if not lo <= x <= hi:  # also false for NaN
-        raise InvalidRequestError(f"{what} must be in [{lo:g}, {hi:g}], got {value!r}")
-    return x
-
-
-def _integer(what: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{what} must be an integer, got {value!r}")
-    return value
 
 
 @dataclass(slots=True, frozen=True)
@@ -141,18 +104,19 @@ class SamplingParams:
                 raise InvalidRequestError(f"stop sequences must be non-empty strings: {s!r}")
             check_text("stop", s)
         object.__setattr__(self, "stop", stop)
-        object.__setattr__(self, "temperature", _real("temperature", self.temperature, 0.0, 5.0))
-        object.__setattr__(self, "top_p", _real("top_p", self.top_p, 0.0, 1.0))
+        temperature = real_number("temperature", self.temperature, 0.0, 5.0)
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_p", real_number("top_p", self.top_p, 0.0, 1.0))
         if self.top_p == 0.0:
             raise InvalidRequestError("top_p must be in (0, 1], got 0.0")
-        _integer("top_k", self.top_k)
+        integer("top_k", self.top_k)
         if self.top_k == 0 or self.top_k < -1:
             raise InvalidRequestError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        _integer("max_tokens", self.max_tokens)
+        integer("max_tokens", self.max_tokens)
         if self.max_tokens <= 0:
             raise InvalidRequestError(f"max_tokens must be > 0, got {self.max_tokens}")
         if self.seed is not None:
-            _integer("seed", self.seed)
+            integer("seed", self.seed)
             if not 0 <= self.seed <= MAX_SEED:
                 raise InvalidRequestError(f"seed must be in 0..2**63-1, got {self.seed}")
         if not isinstance(self.ignore_eos, bool):
@@ -180,8 +144,8 @@ class Segment:
     shared: bool = False
 
     def __post_init__(self) -> None:
-        _integer("segment start", self.start)
-        _integer("segment end", self.end)
+        integer("segment start", self.start)
+        integer("segment end", self.end)
         if not isinstance(self.kind, str) or self.kind not in SEGMENT_KINDS:
             raise InvalidRequestError(
                 f"unknown segment kind {self.kind!r}; expected one of {sorted(SEGMENT_KINDS)}"
