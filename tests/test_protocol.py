@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from suffixmem.engine.protocol import EngineStats, Message, Request, Result, SamplingParams, Segment
@@ -60,3 +62,31 @@ def test_stats_hit_rate() -> None:
     stats.record(Result("b", (3,), "length", 100, 25, 0.1, 0.2))
     assert stats.hit_rate == pytest.approx(0.5)
     assert stats.output_tokens == 3
+
+
+# -- validation at the boundary -----------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, field", [
+    ({"seed": 2**64}, "seed"), ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed"),
+    ({"temperature": "0.5"}, "temperature"), ({"temperature": True}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"), ({"top_k": 2.5}, "top_k"),
+    ({"top_p": "1"}, "top_p"), ({"max_tokens": 2.0}, "max_tokens"), ({"stop": [""]}, "stop"),
+    ({"stop": 5}, "stop"), ({"ignore_eos": 1}, "ignore_eos"),
+    ({"json_schema": "{}"}, "json_schema"),
+])
+def test_bad_sampling_values_are_one_line_errors_naming_the_field(kwargs: dict, field: str
+                                                                  ) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**kwargs)
+    assert field in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["bad\ud800key", "nul\x00key", "k" * 257, "", 7])
+def test_bad_session_keys_are_rejected(key: Any) -> None:
+    with pytest.raises(InvalidRequestError, match="session_key"):
+        Request(key, messages=[Message("user", "hi")])
+
+
+@pytest.mark.parametrize("content", ["lone \udc80 surrogate", "nul \x00 char", b"bytes"])
+def test_bad_message_text_is_rejected(content: Any) -> None:
+    with pytest.raises(InvalidRequestError, match="message content"):
+        Message("user", content)

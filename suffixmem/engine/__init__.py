@@ -12,7 +12,7 @@ from suffixmem.config import ENGINES, EngineConfig
 from suffixmem.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from suffixmem.engine.protocol import BaseEngine
+    from suffixmem.engine.base import BaseEngine
 
 
 def create_engine(

@@ -7,22 +7,30 @@ Contract:
   ``Result`` as its last item. Closing the generator early (``close()``, ``break``) aborts the
   request and frees its resources; no ``Result`` is produced then.
 - ``Engine.generate(request)`` is built on ``stream`` and returns the ``Result``.
-- Bad input raises ``InvalidRequestError`` (a ``ValueError``) before any work is done, and the
-  engine stays usable.
+- Bad input raises ``InvalidRequestError`` (a ``ValueError``, one line naming the field) before
+  any work is done, and the engine stays usable. ``SamplingParams``/``Request`` check types and
+  ranges strictly when built; engines call ``Request.check()`` again at their boundary.
+- ``Engine`` lists everything the manager and adapters call; ``suffixmem.engine.base.BaseEngine``
+  implements the shared part (driver thread, tokenizer trio, checks, close).
 - Times are seconds (``time.perf_counter`` deltas); token counts are model tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from suffixmem.errors import ContextWindowError, InvalidRequestError
+from suffixmem.engine.checks import (
+    MAX_SEED,
+    check_session_key,
+    check_text,
+    integer,
+    real_number,
+)
+from suffixmem.errors import InvalidRequestError
 
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 FinishReason = Literal["stop", "length", "abort"]
@@ -45,16 +53,19 @@ class Message:
     token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.role not in ROLES:
+        if not isinstance(self.role, str) or self.role not in ROLES:
             raise InvalidRequestError(
                 f"unknown message role {self.role!r}; expected one of {sorted(ROLES)}"
             )
-        if not isinstance(self.content, str):
-            raise InvalidRequestError(
-                f"message content must be a string, got {type(self.content).__name__}"
-            )
-        if self.token_ids is not None and self.role != "assistant":
-            raise InvalidRequestError("token_ids may only be given for assistant messages")
+        check_text("message content", self.content)
+        if self.token_ids is not None:
+            if self.role != "assistant":
+                raise InvalidRequestError("message token_ids may only be given for assistant "
+                                          "messages")
+            ids = tuple(self.token_ids)
+            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+                raise InvalidRequestError("message token_ids must be non-negative integers")
+            object.__setattr__(self, "token_ids", ids)
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,22 +86,44 @@ class SamplingParams:
     json_schema: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        elif not isinstance(self.stop, tuple):
-            object.__setattr__(self, "stop", tuple(self.stop))
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
-        if self.max_tokens <= 0:
-            raise InvalidRequestError(f"max_tokens must be > 0, got {self.max_tokens}")
-        if not 0.0 <= float(self.temperature) <= 5.0:
-            raise InvalidRequestError(f"temperature must be in [0, 5], got {self.temperature}")
-        if not 0.0 < float(self.top_p) <= 1.0:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        self.check()
+
+    def check(self) -> None:
+        """Validate (again): engines call this at their boundary, so values changed after
+        construction cannot slip through."""
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        elif isinstance(stop, list | tuple):
+            stop = tuple(stop)
+        else:
+            raise InvalidRequestError(f"stop must be a string or a list of strings, got "
+                                      f"{type(stop).__name__}")
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidRequestError(f"stop sequences must be non-empty strings: {s!r}")
+            check_text("stop", s)
+        object.__setattr__(self, "stop", stop)
+        temperature = real_number("temperature", self.temperature, 0.0, 5.0)
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_p", real_number("top_p", self.top_p, 0.0, 1.0))
+        if self.top_p == 0.0:
+            raise InvalidRequestError("top_p must be in (0, 1], got 0.0")
+        integer("top_k", self.top_k)
         if self.top_k == 0 or self.top_k < -1:
             raise InvalidRequestError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequestError(f"stop sequences must be non-empty strings: {self.stop!r}")
+        integer("max_tokens", self.max_tokens)
+        if self.max_tokens <= 0:
+            raise InvalidRequestError(f"max_tokens must be > 0, got {self.max_tokens}")
+        if self.seed is not None:
+            integer("seed", self.seed)
+            if not 0 <= self.seed <= MAX_SEED:
+                raise InvalidRequestError(f"seed must be in 0..2**63-1, got {self.seed}")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise InvalidRequestError(f"json_schema must be a dict, got "
+                                      f"{type(self.json_schema).__name__}")
 
     @property
     def greedy(self) -> bool:
@@ -111,7 +144,9 @@ class Segment:
     shared: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in SEGMENT_KINDS:
+        integer("segment start", self.start)
+        integer("segment end", self.end)
+        if not isinstance(self.kind, str) or self.kind not in SEGMENT_KINDS:
             raise InvalidRequestError(
                 f"unknown segment kind {self.kind!r}; expected one of {sorted(SEGMENT_KINDS)}"
             )
@@ -145,11 +180,25 @@ class Request:
     request_id: str = field(default_factory=_new_request_id)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.session_key, str) or not self.session_key:
-            raise InvalidRequestError("session_key must be a non-empty string")
+        self.check()
+
+    def check(self) -> None:
+        """Validate (again, at the engine's boundary: ``Request`` is mutable)."""
+        check_session_key(self.session_key)
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise InvalidRequestError("request_id must be a non-empty string")
+        check_text("request_id", self.request_id)
+        if not isinstance(self.sampling, SamplingParams):
+            raise InvalidRequestError(f"sampling must be a SamplingParams, got "
+                                      f"{type(self.sampling).__name__}")
+        self.sampling.check()
+        if not isinstance(self.exact, bool):
+            raise InvalidRequestError(f"exact must be a bool, got {self.exact!r}")
         if (self.messages is None) == (self.token_ids is None):
             raise InvalidRequestError("give exactly one of messages or token_ids")
         if self.messages is not None:
+            if isinstance(self.messages, str | bytes):
+                raise InvalidRequestError("messages must be a list of Message, not a string")
             self.messages = tuple(self.messages)
             if not self.messages:
                 raise InvalidRequestError("messages is empty: nothing to answer")
@@ -161,10 +210,16 @@ class Request:
                 if m.role != "assistant" and not m.content.strip():
                     raise InvalidRequestError(f"messages[{i}] ({m.role}) has empty content")
         if self.token_ids is not None:
-            self.token_ids = tuple(int(t) for t in self.token_ids)
+            ids = tuple(self.token_ids)
+            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+                raise InvalidRequestError("token_ids must be non-negative integers")
+            self.token_ids = ids
             if not self.token_ids:
                 raise InvalidRequestError("token_ids is empty: nothing to answer")
+        self.segments = tuple(self.segments)
         for s in self.segments:
+            if not isinstance(s, Segment):
+                raise InvalidRequestError(f"segments holds a {type(s).__name__}, not a Segment")
             if self.token_ids is not None and s.end > len(self.token_ids):
                 raise InvalidRequestError(f"segment {s} lies beyond the prompt")
 
@@ -194,6 +249,8 @@ class Result:
     session_key: str = ""
     reused_segment_tokens: int = 0
     recomputed_tokens: int = 0
+    reused_segments: tuple[tuple[int, int], ...] = ()
+    """Prompt spans ``[start, end)`` whose KV came from the segment cache (approximate reuse)."""
 
     @property
     def output_tokens(self) -> int:
@@ -218,20 +275,21 @@ class Result:
             "request_id": self.request_id,
             "reused_segment_tokens": self.reused_segment_tokens,
             "recomputed_tokens": self.recomputed_tokens,
+            "reused_segments": [list(span) for span in self.reused_segments],
         }
 
 
 @dataclass(slots=True)
 class EngineStats:
-    """Running totals since the engine started."""
+    """Running totals since the engine started (token counts are model tokens)."""
 
-    requests: int = 0
+    requests: int = 0  # finished requests (aborted and failed ones are not counted)
     prompt_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from cache, segment reuse included
     output_tokens: int = 0
-    reused_segment_tokens: int = 0
-    kv_capacity_bytes: int = 0
-    kv_used_bytes: int = 0
+    reused_segment_tokens: int = 0  # of cached_tokens, those from the segment cache
+    kv_capacity_bytes: int = 0  # the KV pool's size
+    kv_used_bytes: int = 0  # KV held right now (running requests and cached blocks)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -280,105 +338,26 @@ class Engine(Protocol):
 
     def generate(self, request: Request) -> Result: ...
 
+    async def astream(self, request: Request) -> AsyncIterator[TokenEvent | Result]:
+        """``stream`` for asyncio (never blocks the loop; closing it aborts the request)."""
+        ...
+
+    async def agenerate(self, request: Request) -> Result: ...
+
     def stats(self) -> EngineStats: ...
 
-    def close(self) -> None: ...
-
-
-class BaseEngine(ABC):
-    """Shared behaviour: request validation, ``generate`` on top of ``stream``, async bridging,
-    statistics and the context manager. Subclasses implement ``_stream`` and the tokenizer."""
-
-    name: str = "base"
-    model_name: str = ""
-    max_model_len: int = 0
-    supports_json_schema: bool = False
-
-    def __init__(self) -> None:
-        self._stats = EngineStats()
-        self._stats_lock = threading.Lock()
-        self._closed = False
-
-    # -- tokenizer ------------------------------------------------------------------------------
-    @abstractmethod
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def release_session(self, session_key: str) -> int:
+        """Drop the session's cached segments; returns how many (0 without a segment cache)."""
         ...
 
-    @abstractmethod
-    def tokenize(self, text: str) -> list[int]: ...
-
-    @abstractmethod
-    def detokenize(self, token_ids: Sequence[int]) -> str: ...
-
-    # -- generation -----------------------------------------------------------------------------
-    def prompt_ids(self, request: Request) -> list[int]:
-        """The request's prompt token ids, validated against the context window."""
-        ids = (
-            list(request.token_ids)
-            if request.token_ids is not None
-            else self.render(request.messages or ())
-        )
-        need = len(ids) + 1
-        if need > self.max_model_len:
-            raise ContextWindowError(
-                len(ids), self.max_model_len, "shorten the conversation or raise max_model_len"
-            )
-        if request.sampling.json_schema is not None and not self.supports_json_schema:
-            raise InvalidRequestError(f"engine {self.name!r} does not support json_schema output")
-        return ids
-
-    def stream(self, request: Request) -> Iterator[TokenEvent | Result]:
-        """Validate, then stream ``TokenEvent``s and finally the ``Result``."""
-        from suffixmem.errors import EngineClosedError
-
-        if self._closed:
-            raise EngineClosedError(f"engine {self.name!r} is closed")
-        ids = self.prompt_ids(request)  # raises before the generator starts
-        return self._record(self._stream(request, ids))
-
-    def _record(self, events: Iterator[TokenEvent | Result]) -> Iterator[TokenEvent | Result]:
-        for event in events:
-            if isinstance(event, Result):
-                with self._stats_lock:
-                    self._stats.record(event)
-            yield event
-
-    @abstractmethod
-    def _stream(self, request: Request, prompt_ids: list[int]) -> Iterator[TokenEvent | Result]:
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix block not in use; returns how many (or 1/0 when the
+        backend only says whether it succeeded)."""
         ...
-
-    def generate(self, request: Request) -> Result:
-        return final_result(self.stream(request))
-
-    async def astream(self, request: Request) -> AsyncIterator[TokenEvent | Result]:
-        """``stream`` for asyncio: the blocking generator runs in a worker thread."""
-        async for event in aiter_events(self.stream(request)):
-            yield event
-
-    async def agenerate(self, request: Request) -> Result:
-        result: Result | None = None
-        async for event in self.astream(request):
-            if isinstance(event, Result):
-                result = event
-        assert result is not None
-        return result
-
-    def stats(self) -> EngineStats:
-        with self._stats_lock:
-            s = self._stats
-            return EngineStats(
-                s.requests, s.prompt_tokens, s.cached_tokens, s.output_tokens,
-                s.reused_segment_tokens, s.kv_capacity_bytes, s.kv_used_bytes, dict(s.extra),
-            )
 
     def close(self) -> None:
-        self._closed = True
-
-    def __enter__(self) -> BaseEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Stop; every pending caller gets ``EngineClosedError``."""
+        ...
 
 
 def final_result(events: Iterator[TokenEvent | Result]) -> Result:

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from suffixmem.chat_template import ChatTemplate
 from suffixmem.config import EngineConfig, cuda_available
-from suffixmem.engine.protocol import BaseEngine, Message, Request, Result, TokenEvent
-from suffixmem.errors import ConfigError, EngineClosedError, InvalidRequestError
+from suffixmem.engine.base import BaseEngine
+from suffixmem.engine.protocol import Request, Result, TokenEvent
+from suffixmem.errors import ConfigError
 from suffixmem.models import resolve_model
 
 log = logging.getLogger(__name__)
@@ -76,12 +74,10 @@ class VLLMEngine(BaseEngine):
         self.max_model_len = config.max_model_len
         _prepare_environment(config, on_cuda)
 
-        from transformers import AutoTokenizer
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        self.template = ChatTemplate(self.tokenizer)
+        self._load_tokenizer(self.model_path)
         args: dict[str, Any] = dict(
             model=str(self.model_path),
             tokenizer=str(self.model_path),
@@ -108,75 +104,38 @@ class VLLMEngine(BaseEngine):
         self._stats.kv_capacity_bytes = int((cache.num_gpu_blocks or 0) * self.block_size
                                             * per_token)
 
-        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._outboxes: dict[str, queue.SimpleQueue[Any]] = {}
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = False
-        self._driver = threading.Thread(target=self._drive, name="suffixmem-vllm", daemon=True)
-        self._driver.start()
+        self._start_driver("suffixmem-vllm")
 
-    # -- tokenizer ------------------------------------------------------------------------------
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        return self.template.render(messages, add_generation_prompt)
+    # -- the driver thread (see engine/base.py) -------------------------------------------------
+    def _add(self, rid: str, payload: Any) -> None:
+        prompt, params = payload
+        self._engine.add_request(rid, prompt, params)
 
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def _abort(self, rid: str) -> None:
+        self._engine.abort_request([rid])
 
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    def _has_work(self) -> bool:
+        return bool(self._engine.has_unfinished_requests())
 
-    # -- the driver thread ----------------------------------------------------------------------
-    def _drive(self) -> None:
-        engine = self._engine
-        while not self._stop:
-            busy = engine.has_unfinished_requests()
-            if not busy:
-                self._wake.wait()
-            self._wake.clear()
-            while True:
-                try:
-                    op, arg = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if op == "add":
-                    rid, prompt, params = arg
-                    try:
-                        engine.add_request(rid, prompt, params)
-                    except Exception as e:  # vLLM rejected it: hand the error to the caller
-                        self._deliver(rid, e)
-                elif op == "abort":
-                    try:
-                        engine.abort_request([arg])
-                    except Exception:  # already finished: nothing to abort
-                        log.debug("abort of %s ignored", arg, exc_info=True)
-            if self._stop or not engine.has_unfinished_requests():
-                continue
-            try:
-                outputs = engine.step()
-            except Exception as e:  # a broken step fails every request in flight
-                log.exception("vLLM step failed")
-                with self._lock:
-                    rids = list(self._outboxes)
-                for rid in rids:
-                    self._deliver(rid, e)
-                    engine.abort_request([rid])
-                continue
-            for out in outputs:
-                self._deliver(out.request_id, out)
+    def _step(self) -> None:
+        for out in self._engine.step():
+            self._deliver(out.request_id, out)
 
-    def _deliver(self, rid: str, item: Any) -> None:
+    def _step_failed(self, error: Exception) -> None:
+        # vLLM batches every running request into one step and does not say which one broke
+        # it; those requests cannot continue. Up-front checks keep bad input out of the batch.
         with self._lock:
-            box = self._outboxes.get(rid)
-        if box is not None:
-            box.put(item)
-
-    def _submit(self, op: str, arg: Any) -> None:
-        self._inbox.put((op, arg))
-        self._wake.set()
+            rids = list(self._outboxes)
+        for rid in rids:
+            self._deliver(rid, error)
+            try:
+                self._engine.abort_request([rid])
+            except Exception:  # already gone
+                log.debug("abort of %s after a failed step ignored", rid, exc_info=True)
 
     # -- generation -----------------------------------------------------------------------------
-    def _sampling(self, request: Request) -> Any:
+    def _prepare(self, request: Request, prompt_ids: list[int]) -> Any:
+        """vLLM's own checks run here, in the caller's thread: nothing is queued if they fail."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -184,7 +143,7 @@ class VLLMEngine(BaseEngine):
         extra: dict[str, Any] = {}
         if s.json_schema is not None:
             extra["structured_outputs"] = StructuredOutputsParams(json=s.json_schema)
-        return VSamplingParams(
+        params = VSamplingParams(
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else 0,
@@ -195,47 +154,25 @@ class VLLMEngine(BaseEngine):
             output_kind=RequestOutputKind.DELTA,
             **extra,
         )
+        return {"prompt_token_ids": prompt_ids, "cache_salt": request.session_key}, params
 
-    def prompt_ids(self, request: Request) -> list[int]:
-        ids = super().prompt_ids(request)
-        if len(ids) + request.sampling.max_tokens > self.max_model_len:
-            # vLLM would reject it anyway; say so with our own error before queueing.
-            from suffixmem.errors import ContextWindowError
-
-            raise ContextWindowError(
-                len(ids), self.max_model_len,
-                f"with max_tokens={request.sampling.max_tokens} the reply would not fit",
-            )
-        return ids
-
-    def _stream(self, request: Request, prompt_ids: list[int]) -> Iterator[TokenEvent | Result]:
-        if self._stop:
-            raise EngineClosedError("vLLM engine is closed")
+    def _stream(self, request: Request, prompt_ids: list[int],
+                payload: Any) -> Iterator[TokenEvent | Result]:
         rid = request.request_id
-        box: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        with self._lock:
-            if rid in self._outboxes:
-                raise InvalidRequestError(f"request id {rid!r} is already in flight")
-            self._outboxes[rid] = box
-        prompt = {"prompt_token_ids": prompt_ids, "cache_salt": request.session_key}
         t0 = time.perf_counter()
         ttft = 0.0
         ids: list[int] = []
         text: list[str] = []
-        finished = False
-        self._submit("add", (rid, prompt, self._sampling(request)))
-        try:
-            while not finished:
-                out = box.get()
-                if isinstance(out, BaseException):
-                    if isinstance(out, ValueError):
-                        raise InvalidRequestError(f"vLLM rejected the request: {out}") from out
-                    raise out
+        with self._exchange(rid, payload) as flight:
+            while not flight.done:
+                out = flight.get()
                 comp = out.outputs[0]
                 new_ids = list(comp.token_ids)
                 if new_ids and not ids:
                     ttft = time.perf_counter() - t0
-                finished = out.finished
+                finished = bool(out.finished)
+                if finished:
+                    flight.finish()
                 if finished and comp.finish_reason == "stop" and new_ids and \
                         new_ids[-1] == self.template.eos_token_id and comp.stop_reason is None:
                     new_ids = new_ids[:-1]  # keep the end-of-turn token out of the reply's ids
@@ -258,23 +195,13 @@ class VLLMEngine(BaseEngine):
                         request_id=rid,
                         session_key=request.session_key,
                     )
-        finally:
-            if not finished:
-                self._submit("abort", rid)
-            with self._lock:
-                self._outboxes.pop(rid, None)
 
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached block (only when no request is running)."""
-        return bool(self._engine.reset_prefix_cache())
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block; 1 when vLLM did, 0 when it refused (requests running).
+        Runs in the driver thread: vLLM's engine is not thread-safe."""
+        return int(bool(self.run_in_driver(lambda e: e._engine.reset_prefix_cache())))
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        super().close()
-        self._stop = True
-        self._wake.set()
-        self._driver.join(timeout=30)
+    def _shutdown(self) -> None:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             shutdown = getattr(engine, "shutdown", None) or getattr(

@@ -36,12 +36,12 @@ class DetectorConfig:
     recompute than to track.
     """
 
-    window: int = 8
-    threshold: float = 0.5
-    start_run: int = 3
-    extend_threshold: float = 0.75
-    extend_run: int = 5
-    min_length: int = 10
+    window: int = 8  # trailing tokens averaged by the smoothing (step 1)
+    threshold: float = 0.5  # a region starts below this smoothed entropy...
+    start_run: int = 3  # ...for this many consecutive positions (step 2)
+    extend_threshold: float = 0.75  # it extends while the look-ahead stays below this...
+    extend_run: int = 5  # ...over this many positions (step 3)
+    min_length: int = 10  # shorter regions are dropped (step 4)
 
     def __post_init__(self) -> None:
         for name in ("window", "start_run", "extend_run"):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from suffixmem.engine.protocol import Request, Segment
@@ -37,10 +36,9 @@ from suffixmem.engine.reuse.segment_cache import (
     SegmentHit,
     ValueScorer,
 )
+from suffixmem.engine.torch.reuse_hook import ReuseEngine, ReuseOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
-    from suffixmem.engine.torch.engine import TorchEngine
-    from suffixmem.engine.torch.reuse_hook import ReuseOutcome
     from suffixmem.engine.torch.sequence import Sequence
 
 DEFAULT_BUDGET_SHARE = 0.25
@@ -49,24 +47,15 @@ MAX_PENDING_STORES = 1024
 """Bound on remembered store plans (a sequence that fails between apply and prefill leaves one)."""
 
 
-@dataclass(slots=True, frozen=True)
-class _Store:
-    segment: Segment
-
-
 class SegmentReuseHook:
     """Implements the torch engine's ``ReuseHook`` (``apply``) and ``after_prefill``."""
 
-    def __init__(
-        self,
-        cache: SegmentCache,
-        blend: BlendConfig | None = None,
-        engine: TorchEngine | None = None,
-    ) -> None:
+    def __init__(self, cache: SegmentCache, blend: BlendConfig | None = None,
+                 engine: ReuseEngine | None = None) -> None:
         self.cache = cache
         self.blend = blend or BlendConfig()
         self.engine = engine
-        self._stores: dict[str, list[_Store]] = {}
+        self._stores: dict[str, list[Segment]] = {}
         self.requests = 0
         self.segments_seen = 0
         self.segments_reused = 0
@@ -74,7 +63,7 @@ class SegmentReuseHook:
     @classmethod
     def install(
         cls,
-        engine: TorchEngine,
+        engine: ReuseEngine,
         blend: BlendConfig | None = None,
         cache_config: SegmentCacheConfig | None = None,
         scorer: ValueScorer | None = None,
@@ -96,26 +85,26 @@ class SegmentReuseHook:
         return hook
 
     # -- the engine's calls (driver thread) -----------------------------------------------------
-    def apply(self, engine: TorchEngine, seq: Sequence, request: Request) -> ReuseOutcome:
+    def apply(self, engine: ReuseEngine, seq: Sequence, request: Request) -> ReuseOutcome:
         """Place cached segments of ``seq``'s prompt; return the positions left to compute."""
-        from suffixmem.engine.torch.reuse_hook import ReuseOutcome
-
         self.cache.evict_expired()
         self.requests += 1
         n = seq.num_prompt_tokens
         prompt = seq.token_ids[:n]
         num_cached = seq.num_computed
         sources: list[SegmentSource] = []
-        stores: list[_Store] = []
+        spans: list[tuple[int, int]] = []
+        stores: list[Segment] = []
         for s in merge_segments(request.segments, n):
             self.segments_seen += 1
             ids = prompt[s.start:s.end]
             hit = None if s.start < num_cached else self.cache.lookup(request.session_key, ids)
             if hit is None:
                 if not self.cache.contains(request.session_key, ids):
-                    stores.append(_Store(s))
+                    stores.append(s)
                 continue
             self.segments_reused += 1
+            spans.append((s.start, s.end))
             sources.append(SegmentSource(s.start, self._slots(engine, hit), hit.origin_start))
         if len(self._stores) >= MAX_PENDING_STORES:  # sequences that failed before prefill
             self._stores.pop(next(iter(self._stores)))
@@ -123,17 +112,16 @@ class SegmentReuseHook:
         placement = place_segments(engine.runner, seq.block_table, prompt, num_cached, sources,
                                    self.blend)
         return ReuseOutcome(placement.compute_positions, len(placement.reused_positions),
-                            placement.recomputed)
+                            placement.recomputed, tuple(spans))
 
-    def after_prefill(self, engine: TorchEngine, seq: Sequence, request: Request) -> None:
+    def after_prefill(self, engine: ReuseEngine, seq: Sequence, request: Request) -> None:
         """Store the segments that missed; their K/V now sit in ``seq``'s blocks."""
         stores = self._stores.pop(seq.seq_id, None)
         n = seq.num_prompt_tokens
         if stores is None:  # re-prefilled exactly (after preemption): every uncached segment
-            stores = [_Store(s) for s in merge_segments(request.segments, n)]
+            stores = list(merge_segments(request.segments, n))
         bs = engine.block_size
-        for st in stores:
-            s = st.segment
+        for s in stores:
             ids = seq.token_ids[s.start:s.end]
             if self.cache.contains(request.session_key, ids):
                 continue
@@ -158,7 +146,7 @@ class SegmentReuseHook:
 
     # -- internals ------------------------------------------------------------------------------
     @staticmethod
-    def _slots(engine: TorchEngine, hit: SegmentHit) -> tuple[int, ...]:
+    def _slots(engine: ReuseEngine, hit: SegmentHit) -> tuple[int, ...]:
         bs = engine.block_size
         return tuple(
             hit.block_ids[(hit.offset + i) // bs] * bs + (hit.offset + i) % bs

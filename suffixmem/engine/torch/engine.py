@@ -15,24 +15,19 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
-from suffixmem.chat_template import ChatTemplate
 from suffixmem.config import EngineConfig
 from suffixmem.detokenizer import Detokenizer
+from suffixmem.engine.base import BaseEngine
 from suffixmem.engine.protocol import (
-    BaseEngine,
     EngineStats,
-    Message,
     Request,
     Result,
     SamplingParams,
@@ -45,12 +40,7 @@ from suffixmem.engine.torch.model_runner import ModelRunner, RunOutput, SeqInput
 from suffixmem.engine.torch.reuse_hook import ReuseHook, ReuseOutcome
 from suffixmem.engine.torch.scheduler import Scheduler
 from suffixmem.engine.torch.sequence import SeqStatus, Sequence
-from suffixmem.errors import (
-    ConfigError,
-    ContextWindowError,
-    EngineClosedError,
-    InvalidRequestError,
-)
+from suffixmem.errors import ConfigError
 from suffixmem.models import resolve_model
 
 log = logging.getLogger(__name__)
@@ -101,10 +91,7 @@ class TorchEngine(BaseEngine):
                 f"{config.max_model_len} tokens needs ({need_blocks}); raise kv_cache_gib to "
                 f">= {need_gib:.4f} or lower max_model_len"
             )
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        self.template = ChatTemplate(self.tokenizer)
+        self._load_tokenizer(self.model_path)
         self.stop_token_ids = self._stop_token_ids()
         self.model = Llama.from_pretrained(self.model_path, self.dtype)
         self.kv_pool = KVPool.from_budget(budget, mc.num_layers, mc.num_kv_heads, mc.head_dim,
@@ -125,14 +112,9 @@ class TorchEngine(BaseEngine):
         self._per_block_bytes = per_block
         self.max_decode_batch = 0  # the largest decode batch so far (continuous batching)
 
-        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._outboxes: dict[str, queue.SimpleQueue[Any]] = {}
         self._seqs: dict[str, Sequence] = {}  # driver-thread only
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = False
-        self._driver = threading.Thread(target=self._drive, name="suffixmem-torch", daemon=True)
-        self._driver.start()
+        self._in_step: list[Sequence] = []  # the sequences the current step works on
+        self._start_driver("suffixmem-torch")
 
     def _stop_token_ids(self) -> frozenset[int]:
         ids = {self.template.eos_token_id}
@@ -146,76 +128,27 @@ class TorchEngine(BaseEngine):
             pass
         return frozenset(int(i) for i in ids if i is not None)
 
-    # -- tokenizer ------------------------------------------------------------------------------
-    def render(self, messages: Seq[Message], add_generation_prompt: bool = True) -> list[int]:
-        return self.template.render(messages, add_generation_prompt)
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def detokenize(self, token_ids: Seq[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
     # -- requests -------------------------------------------------------------------------------
-    def prompt_ids(self, request: Request) -> list[int]:
-        ids = super().prompt_ids(request)
-        if len(ids) + request.sampling.max_tokens > self.max_model_len:
-            raise ContextWindowError(
-                len(ids), self.max_model_len,
-                f"with max_tokens={request.sampling.max_tokens} the reply would not fit",
-            )
-        return ids
-
-    def _stream(self, request: Request, prompt_ids: list[int]) -> Iterator[TokenEvent | Result]:
-        if self._stop:
-            raise EngineClosedError("torch engine is closed")
-        rid = request.request_id
-        box: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        with self._lock:
-            if rid in self._outboxes:
-                raise InvalidRequestError(f"request id {rid!r} is already in flight")
-            self._outboxes[rid] = box
+    def _prepare(self, request: Request, prompt_ids: list[int]) -> Sequence:
+        """Everything that can fail for this request alone happens here, in the caller's
+        thread: the sequence, its detokenizer and its seeded generator."""
         seq = Sequence(request=request, token_ids=list(prompt_ids),
                        num_prompt_tokens=len(prompt_ids), salt=request.session_key,
                        t_submit=time.perf_counter())
-        finished = False
-        self._submit("add", seq)
-        try:
-            while True:
-                item = box.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
+        seq.detok = Detokenizer(self.tokenizer, request.sampling.stop)
+        seed = request.sampling.seed
+        if seed is not None:
+            seq.generator = torch.Generator().manual_seed(seed)
+        return seq
+
+    def _stream(self, request: Request, prompt_ids: list[int],
+                payload: Any) -> Iterator[TokenEvent | Result]:
+        with self._exchange(request.request_id, payload) as flight:
+            while not flight.done:
+                item = flight.get()
                 if isinstance(item, Result):
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                self._submit("abort", rid)
-            with self._lock:
-                self._outboxes.pop(rid, None)
-
-    def _submit(self, op: str, arg: Any) -> None:
-        self._inbox.put((op, arg))
-        self._wake.set()
-
-    def _deliver(self, rid: str, item: Any) -> None:
-        with self._lock:
-            box = self._outboxes.get(rid)
-        if box is not None:
-            box.put(item)
-
-    def run_in_driver(self, fn: Callable[[TorchEngine], T]) -> T:
-        """Run ``fn(engine)`` in the driver thread between steps and return its result (or
-        raise its exception). The safe way for other threads to touch the pools."""
-        if threading.current_thread() is self._driver:
-            return fn(self)
-        if self._stop:
-            raise EngineClosedError("torch engine is closed")
-        fut: Future[T] = Future()
-        self._submit("call", (fn, fut))
-        return fut.result()
+                    flight.finish()
+                yield item
 
     # -- extension API (driver thread: call from a reuse hook or through run_in_driver) ---------
     def slots(self, seq: Sequence, positions: Seq[int]) -> list[int]:
@@ -253,68 +186,41 @@ class TorchEngine(BaseEngine):
         )
         return s
 
-    # -- the driver thread ----------------------------------------------------------------------
-    def _drive(self) -> None:
-        with torch.inference_mode():
-            while not self._stop:
-                self._drain_inbox()
-                if self._stop:
-                    break
-                if not self.scheduler.has_work:
-                    self._wake.wait()
-                    self._wake.clear()
-                    continue
-                try:
-                    self._step()
-                except Exception as e:  # a broken step fails every request in flight
-                    log.exception("torch engine step failed")
-                    for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-                        self._fail(seq, e)
-        closed = EngineClosedError("torch engine closed")
-        while True:  # whatever arrived after the last step: fail it rather than hang its caller
-            try:
-                op, arg = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if op == "add":
-                self._deliver(arg.seq_id, closed)
-            elif op == "call":
-                arg[1].set_exception(closed)
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-            self._fail(seq, closed)
+    # -- the driver thread (see engine/base.py) -------------------------------------------------
+    def _driver_context(self) -> Any:
+        return torch.inference_mode()
 
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                op, arg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if op == "add":
-                self._seqs[arg.seq_id] = arg
-                arg.detok = Detokenizer(self.tokenizer, arg.request.sampling.stop)
-                seed = arg.request.sampling.seed
-                if seed is not None:
-                    arg.generator = torch.Generator().manual_seed(seed)
-                self.scheduler.add(arg)
-            elif op == "abort":
-                seq = self._seqs.pop(arg, None)
-                if seq is not None:
-                    self.scheduler.finish(seq)
-            elif op == "call":
-                fn, fut = arg
-                try:
-                    fut.set_result(fn(self))
-                except Exception as e:
-                    fut.set_exception(e)
+    def _add(self, rid: str, payload: Any) -> None:
+        seq: Sequence = payload
+        seq.t_submit = time.perf_counter()
+        self._seqs[rid] = seq
+        self.scheduler.add(seq)
+
+    def _abort(self, rid: str) -> None:
+        seq = self._seqs.pop(rid, None)
+        if seq is not None:
+            self.scheduler.finish(seq)
+
+    def _has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def _step_failed(self, error: Exception) -> None:
+        # the batch that broke cannot go on; sequences waiting outside it are untouched
+        for seq in self._in_step:
+            if seq.seq_id in self._seqs:
+                self._fail(seq, error)
+        self._in_step = []
 
     def _step(self) -> None:
         plan = self.scheduler.schedule()  # schedule
         for seq, err in plan.failed:
             self._fail(seq, err)
+        self._in_step = plan.prefill or plan.decode
         if plan.prefill:  # run + postprocess
             self._prefill(plan.prefill)
         elif plan.decode:
             self._decode(plan.decode)
+        self._in_step = []
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         ok = []
@@ -326,9 +232,29 @@ class TorchEngine(BaseEngine):
                 self._fail(seq, e)
                 continue
             ok.append(seq)
-        seqs = ok
-        if not seqs:
-            return
+        if ok:
+            self._isolated(ok, self._run_prefill)
+
+    def _isolated(self, seqs: list[Sequence], run: Callable[[list[Sequence]], None]) -> None:
+        """``run(seqs)``; when a batch fails, run each sequence alone so that the failure
+        stays with the request that causes it (forwards only write that request's KV slots,
+        so a rerun is harmless)."""
+        try:
+            run(seqs)
+        except Exception:
+            if len(seqs) <= 1:
+                raise
+            log.warning("a batch of %d failed; retrying its requests one by one", len(seqs))
+            for seq in seqs:
+                if seq.seq_id not in self._seqs:
+                    continue
+                try:
+                    run([seq])
+                except Exception as e:  # blast radius of one
+                    log.exception("request %s failed", seq.seq_id)
+                    self._fail(seq, e)
+
+    def _run_prefill(self, seqs: list[Sequence]) -> None:
         # chunks of at most prefill_chunk tokens; a sequence's chunk wants logits only when it
         # ends the sequence's pending positions
         rows: list[Sequence] = []
@@ -362,14 +288,24 @@ class TorchEngine(BaseEngine):
                     flush()
         flush()
         all_logits = torch.cat(logits) if len(logits) > 1 else logits[0]
+        failed: set[str] = set()
         for seq in seqs:
-            seq.num_computed = seq.num_tokens
-            seq.pending = []
-            self.scheduler.cache_full_blocks(seq)
-            after = getattr(self.reuse, "after_prefill", None)
-            if after is not None and seq.request.segments and not seq.request.exact:
-                after(self, seq, seq.request)
-        self._postprocess(rows, self._sample(rows, all_logits))
+            try:
+                seq.num_computed = seq.num_tokens
+                seq.pending = []
+                self.scheduler.cache_full_blocks(seq)
+                after = getattr(self.reuse, "after_prefill", None)
+                if after is not None and seq.request.segments and not seq.request.exact:
+                    after(self, seq, seq.request)
+            except Exception as e:  # blast radius of one
+                log.exception("after prefill of %s", seq.seq_id)
+                self._fail(seq, e)
+                failed.add(seq.seq_id)
+        keep = [i for i, seq in enumerate(rows) if seq.seq_id not in failed]
+        if keep:
+            kept_logits = all_logits if len(keep) == len(rows) else all_logits[keep]
+            rows = [rows[i] for i in keep]
+            self._postprocess(rows, self._sample(rows, kept_logits))
 
     def _apply_reuse(self, seq: Sequence) -> None:
         req = seq.request
@@ -392,9 +328,13 @@ class TorchEngine(BaseEngine):
         seq.pending = pending
         seq.reused_segment_tokens = outcome.reused_tokens
         seq.recomputed_tokens = outcome.recomputed_tokens
+        seq.reused_segments = tuple(outcome.reused_spans)
 
     def _decode(self, seqs: list[Sequence]) -> None:
         self.max_decode_batch = max(self.max_decode_batch, len(seqs))
+        self._isolated(seqs, self._run_decode)
+
+    def _run_decode(self, seqs: list[Sequence]) -> None:
         inputs = [SeqInput([s.token_ids[-1]], [s.num_tokens - 1], s.block_table, s.num_tokens)
                   for s in seqs]
         out = self.runner.forward(inputs)
@@ -403,31 +343,46 @@ class TorchEngine(BaseEngine):
             self.scheduler.cache_full_blocks(seq)
         self._postprocess(seqs, self._sample(seqs, out.logits))
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """One token per sequence from ``logits [B, V]`` (fp32)."""
-        greedy = logits.argmax(dim=-1).tolist()
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | None]:
+        """One token per sequence from ``logits [B, V]`` (fp32); ``None`` where sampling that
+        sequence failed (it is failed alone)."""
+        tokens: list[int | None] = list(logits.argmax(dim=-1).tolist())
         for i, seq in enumerate(seqs):
             s = seq.request.sampling
             if not s.greedy:
-                greedy[i] = sample_token(logits[i], s, seq.generator or self._generator)
-        return greedy
+                try:
+                    tokens[i] = sample_token(logits[i], s, seq.generator or self._generator)
+                except Exception as e:  # blast radius of one
+                    log.exception("sampling failed for %s", seq.seq_id)
+                    self._fail(seq, e)
+                    tokens[i] = None
+        return tokens
 
-    def _postprocess(self, seqs: list[Sequence], tokens: list[int]) -> None:
+    def _postprocess(self, seqs: list[Sequence], tokens: list[int | None]) -> None:
         now = time.perf_counter()
         for seq, tok in zip(seqs, tokens, strict=True):
-            s = seq.request.sampling
-            if not seq.t_first_token:
-                seq.t_first_token = now
-            if tok in self.stop_token_ids and not s.ignore_eos:
-                self._finish(seq, "stop")
-                continue
-            seq.token_ids.append(tok)
-            delta = seq.detok.push(tok)
-            self._deliver(seq.seq_id, TokenEvent(tok, delta, seq.num_output_tokens - 1))
-            if seq.detok.stopped:
-                self._finish(seq, "stop")
-            elif seq.num_output_tokens >= s.max_tokens or seq.num_tokens >= self.max_model_len:
-                self._finish(seq, "length")
+            if tok is not None:
+                try:
+                    self._advance(seq, tok, now)
+                except Exception as e:  # blast radius of one
+                    log.exception("postprocess of %s failed", seq.seq_id)
+                    self._fail(seq, e)
+
+    def _advance(self, seq: Sequence, tok: int, now: float) -> None:
+        """Append ``tok`` to ``seq``, stream it, finish the sequence when it is done."""
+        s = seq.request.sampling
+        if not seq.t_first_token:
+            seq.t_first_token = now
+        if tok in self.stop_token_ids and not s.ignore_eos:
+            self._finish(seq, "stop")
+            return
+        seq.token_ids.append(tok)
+        delta = seq.detok.push(tok)
+        self._deliver(seq.seq_id, TokenEvent(tok, delta, seq.num_output_tokens - 1))
+        if seq.detok.stopped:
+            self._finish(seq, "stop")
+        elif seq.num_output_tokens >= s.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, "length")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq)
@@ -448,6 +403,7 @@ class TorchEngine(BaseEngine):
             session_key=seq.request.session_key,
             reused_segment_tokens=seq.reused_segment_tokens,
             recomputed_tokens=seq.recomputed_tokens,
+            reused_segments=seq.reused_segments,
         ))
 
     def _fail(self, seq: Sequence, error: Exception) -> None:
@@ -462,14 +418,6 @@ class TorchEngine(BaseEngine):
         many. Prefix blocks stay: they are salted by session and simply age out of the LRU."""
         release = getattr(self.reuse, "release_session", None)
         return int(release(session_key)) if release is not None else 0
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        super().close()
-        self._stop = True
-        self._wake.set()
-        self._driver.join(timeout=30)
 
 
 def sample_token(logits: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:

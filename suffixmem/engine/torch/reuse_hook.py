@@ -23,13 +23,35 @@ A hook must not keep references to ``seq``'s blocks without ``engine.block_pool.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from suffixmem.engine.protocol import Request
-    from suffixmem.engine.torch.engine import TorchEngine
+    from suffixmem.engine.torch.block_pool import BlockPool
+    from suffixmem.engine.torch.model_runner import ModelRunner
     from suffixmem.engine.torch.sequence import Sequence
+
+T = TypeVar("T")
+
+
+class ReuseEngine(Protocol):
+    """What a hook may use of the engine (``TorchEngine`` implements it). Declared here so that
+    hooks never import the engine module: the engine imports this one."""
+
+    block_size: int
+    block_pool: BlockPool
+    runner: ModelRunner
+    model: Any
+    reuse: Any
+
+    def run_in_driver(self, fn: Callable[[Any], T]) -> T: ...
+
+    def write_kv(self, seq: Sequence, positions: Seq[int], k: Any, v: Any) -> None: ...
+
+    def read_kv(self, seq: Sequence, positions: Seq[int]) -> tuple[Any, Any]: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,16 +65,19 @@ class ReuseOutcome:
       ``Result.reused_segment_tokens`` and counts in ``Result.cached_tokens``).
     - ``recomputed_tokens``: tokens inside reused segments that were recomputed anyway (first k,
       top-r deviating); ``Result.recomputed_tokens``.
+    - ``reused_spans``: the prompt spans ``[start, end)`` taken from the segment cache
+      (``Result.reused_segments``).
     """
 
     pending: tuple[int, ...]
     reused_tokens: int = 0
     recomputed_tokens: int = 0
+    reused_spans: tuple[tuple[int, int], ...] = ()
 
 
 @runtime_checkable
 class ReuseHook(Protocol):
     """Segment reuse, as the torch engine calls it (see the module docstring)."""
 
-    def apply(self, engine: TorchEngine, seq: Sequence, request: Request) -> ReuseOutcome:
+    def apply(self, engine: ReuseEngine, seq: Sequence, request: Request) -> ReuseOutcome:
         ...

@@ -27,7 +27,6 @@ class Schedule:
     prefill: list[Sequence] = field(default_factory=list)
     decode: list[Sequence] = field(default_factory=list)
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
 
 
 class Scheduler:
@@ -136,7 +135,6 @@ class Scheduler:
         while self.pool.num_free == 0:
             victim = self.running[-1]
             self.preempt(victim)
-            out.preempted.append(victim)
             if victim is seq:
                 return False  # alone and still no block: readmission reports CapacityError
         seq.block_table.extend(self.pool.allocate(1))

@@ -39,6 +39,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prefix-cache hit at first admission (for the Result)
     reused_segment_tokens: int = 0
     recomputed_tokens: int = 0
+    reused_segments: tuple[tuple[int, int], ...] = ()  # spans taken from the segment cache
     admitted_once: bool = False
     status: SeqStatus = SeqStatus.WAITING
     # prefix-cache registration: full blocks hashed so far and the last hash

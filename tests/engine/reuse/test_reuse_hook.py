@@ -72,13 +72,14 @@ def ask(engine, session: str, prefix: int, exact: bool = False, shared: bool = F
 def test_second_request_reuses_the_segment_at_a_new_position(engine, hook) -> None:  # type: ignore[no-untyped-def]
     h, _ = hook
     first = ask(engine, "s-move", 0)
-    assert first.reused_segment_tokens == 0 and len(h.cache) == 1
+    assert first.reused_segment_tokens == 0 and len(h.cache) == 1 and first.reused_segments == ()
     _, (seg,) = prompt(engine, 1)
     second = ask(engine, "s-move", 1)
     recomputed = 4 + BLEND.num_deviating(len(seg))  # first k, then the top r deviating
     assert second.recomputed_tokens == recomputed
     assert second.reused_segment_tokens == len(seg) - recomputed
     assert second.cached_tokens >= second.reused_segment_tokens
+    assert second.reused_segments == ((seg.start, seg.end),)  # the span, for the value policy
     reference = ask(engine, "s-move-ref", 1, exact=True)
     assert reference.reused_segment_tokens == 0 and reference.cached_tokens == 0
     assert second.token_ids[:6] == reference.token_ids[:6]
@@ -97,6 +98,7 @@ def test_exact_requests_never_reuse(engine, hook) -> None:  # type: ignore[no-un
     ask(engine, "s-x", 0)
     exact = ask(engine, "s-x", 1, exact=True)
     assert exact.reused_segment_tokens == 0 and exact.recomputed_tokens == 0
+    assert exact.reused_segments == ()
     assert h.cache.stats().hits == 0
 
 
