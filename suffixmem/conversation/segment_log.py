@@ -30,7 +30,7 @@ TTL_S = {Tier.EXTENDED: 30 * 60.0, Tier.STANDARD: 5 * 60.0, Tier.NONE: 0.0}
 
 def engine_hits(result: Result) -> tuple[int, tuple[tuple[int, int], ...]]:
     """(tokens served by the prefix cache, spans served by the segment cache)."""
-    spans = tuple(getattr(result, "reused_segments", ()))  # until h1's Result field lands
+    spans = result.reused_segments
     return max(0, result.cached_tokens - result.reused_segment_tokens), spans
 
 
