@@ -5,8 +5,10 @@ The idea: right after the subject changes (and on a session's first turn, which 
 the model should stay close to what it knows, so it samples *cold*; while the topic holds it
 warms up, turn by turn, to *hot*. Hot is the model's recommended temperature (from
 ``suffixmem.models`` or the model folder's ``generation_config.json``), never a fixed 0.8: a
-135M model at 0.8 answers "What is the capital of France?" with an invented city, at its
-recommended 0.2 (cold: 0.05) with Paris. So "hot" never means incoherent on any model.
+135M model at 0.8 answers "What is the capital of France?" with an invented city in about a
+third of samples. Cold is greedy (0.0) by default: measured on SmolLM2-135M-Instruct, even 0.05
+starts with "L'Étoile ..." in 3 of 12 seeds (the first token is a near tie), while greedy
+answers "The capital of France is Paris." in transformers and vLLM alike.
 
 Who overrides what:
 - per manager: ``SemanticTemperature.for_model(model, hot=..., cold_ratio=..., recovery_turns=...)``
@@ -26,7 +28,7 @@ from suffixmem.errors import ConfigError
 # models cannot afford): the old design's range, kept for compatibility
 START_TEMPERATURE = 0.8
 JUMP_TEMPERATURE = 0.3
-COLD_RATIO = 0.25  # cold = hot * COLD_RATIO
+COLD_RATIO = 0.0  # cold = hot * COLD_RATIO: greedy, see the module docstring
 RECOVERY_TURNS = 4  # on-topic turns to warm from cold back to hot
 MAX_TEMPERATURE = 5.0
 
