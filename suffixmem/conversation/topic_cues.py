@@ -54,11 +54,11 @@ CONTINUATION_OPENERS: tuple[str, ...] = (
     "is that", "isn't that", "can you explain", "explain", "give me an example", "and then",
     # German
     "und", "aber", "warum", "wieso", "weshalb", "was ist mit", "wie ist es mit", "also", "dann",
-    "wirklich", "welche", "welcher", "der erste", "die erste", "das erste", "der zweite",
+    "wirklich", "der erste", "die erste", "das erste", "der zweite",
     "die zweite", "das zweite", "zum beispiel", "und wie", "und was", "noch", "inwiefern",
     # Spanish
     "y", "pero", "por qué", "porque", "y el", "y la", "y los", "qué tal", "entonces",
-    "de verdad", "cuál", "el primero", "la primera", "el segundo", "la segunda", "por ejemplo",
+    "de verdad", "el primero", "la primera", "el segundo", "la segunda", "por ejemplo",
     "o sea", "y si", "también",
     # French
     "et", "mais", "pourquoi", "alors", "vraiment", "lequel", "laquelle", "par exemple",
@@ -82,7 +82,7 @@ ANAPHORA: tuple[str, ...] = (
     "それ", "その", "あれ", "彼", "彼女", "そこ",
 )
 # pronouns count only in messages this short (letters; CJK characters count 3)
-ANAPHORA_MAX_CONTENT = 45
+ANAPHORA_MAX_CONTENT = 25
 # a Chinese "X呢?" ("and X?") or Japanese "Xは?" is a follow-up by its form
 _FOLLOW_UP_ENDINGS = re.compile(r"(呢|は)\s*[?？]?\s*$")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
