@@ -161,3 +161,12 @@ def test_semantic_temperature_follows_the_model(tmp_path: Path) -> None:
         SemanticTemperature(start=0.2, jump=0.3)
     with pytest.raises(ConfigError):
         SemanticTemperature(start="hot")  # type: ignore[arg-type]
+
+
+def test_words_keep_their_combining_marks() -> None:
+    """Indic and Hebrew vowel signs are not \\w in Python; words must not split at them."""
+    from suffixmem.conversation.topic import word_tokens
+
+    assert word_tokens("আমি তোমাকে ভালোবাসি") == ["আমি", "তোমাকে", "ভালোবাসি"]
+    assert word_tokens("שָׁלוֹם עוֹלָם") == ["שָׁלוֹם", "עוֹלָם"]
+    assert word_tokens("Hello, world!") == ["hello", "world"]
