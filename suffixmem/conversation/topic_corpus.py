@@ -1,19 +1,23 @@
-"""Labelled topic sessions from chatterbot-corpus, for fitting and scoring topic detectors.
+"""The topic detector's background corpus statistics, and chatterbot-corpus access.
 
-chatterbot-corpus ships ``data/<language>/<topic>.yml`` files of short conversations. A session
-is built by concatenating several question/answer pairs of one topic, then of another; the
-first turn of each new topic is a true jump.
+The detector's IDF needs document frequencies of a background corpus. They ship as package
+data, ``suffixmem/conversation/data/topic_idf.npz`` (hashed features -> document counts, a few
+hundred KB), built once by ``build_background()`` from every language of chatterbot-corpus
+(short chat utterances, BSD-3). Loading it takes milliseconds; nothing is trained at start-up.
+Without the file the detector still works, with the session's own statistics only.
+
+``load_topics`` reads chatterbot-corpus (an optional, bench-only dependency) as
+topic -> conversations -> question/answer pairs; the benchmark builds labelled sessions from it.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-Pair = tuple[str, str]
-LabelledTurn = tuple[str, str, bool]
+import numpy as np
 
-MIN_PAIRS_PER_SPLIT = 6
+Pair = tuple[str, str]
+BACKGROUND_PATH = Path(__file__).parent / "data" / "topic_idf.npz"
 
 
 def corpus_dir(language: str = "english") -> Path:
@@ -48,44 +52,45 @@ def load_topics(language: str = "english") -> dict[str, list[list[Pair]]]:
     return out
 
 
-def split_topics(
-    topics: dict[str, list[list[Pair]]], seed: int = 0,
-) -> tuple[dict[str, list[Pair]], dict[str, list[Pair]]]:
-    """Split each topic's conversations in half: (tuning pairs, scored pairs) per topic. Topics
-    with fewer than ``MIN_PAIRS_PER_SPLIT`` pairs on either side are dropped."""
-    rng = random.Random(seed)
-    tune: dict[str, list[Pair]] = {}
-    test: dict[str, list[Pair]] = {}
-    for name, convs in sorted(topics.items()):
-        order = list(range(len(convs)))
-        rng.shuffle(order)
-        half = len(order) // 2
-        a = [p for i in order[:half] for p in convs[i]]
-        b = [p for i in order[half:] for p in convs[i]]
-        if len(a) >= MIN_PAIRS_PER_SPLIT and len(b) >= MIN_PAIRS_PER_SPLIT:
-            tune[name], test[name] = a, b
-    return tune, test
+def corpus_texts(languages: list[str] | None = None) -> list[str]:
+    """Every utterance of chatterbot-corpus in ``languages`` (all when None), de-duplicated."""
+    seen: dict[str, None] = {}
+    for lang in languages or available_languages():
+        for convs in load_topics(lang).values():
+            for conv in convs:
+                for pair in conv:
+                    for t in pair:
+                        seen.setdefault(t, None)
+    return list(seen)
 
 
-def build_sessions(
-    pools: dict[str, list[Pair]], n_sessions: int, seed: int,
-    blocks: tuple[int, int] = (3, 4), pairs_per_block: tuple[int, int] = (2, 5),
-) -> list[list[LabelledTurn]]:
-    """Sessions of ``blocks`` topic blocks of ``pairs_per_block`` pairs each; a turn is labelled
-    True when it opens a new topic (never the session's first turn)."""
-    rng = random.Random(seed)
-    names = sorted(pools)
-    sessions = []
-    for _ in range(n_sessions):
-        session: list[LabelledTurn] = []
-        prev = None
-        for b in range(rng.randint(*blocks)):
-            topic = rng.choice([n for n in names if n != prev])
-            prev = topic
-            k = min(rng.randint(*pairs_per_block), len(pools[topic]))
-            for j, (q, a) in enumerate(rng.sample(pools[topic], k)):
-                session.append((q, a, b > 0 and j == 0))
-        sessions.append(session)
-    return sessions
+def build_background(path: Path = BACKGROUND_PATH, texts: list[str] | None = None) -> Path:
+    """Write the background document frequencies of ``texts`` (default: all of
+    chatterbot-corpus) to ``path`` as sparse (index, count) arrays."""
+    from suffixmem.conversation.topic import Featurizer
+
+    f = Featurizer().fit(corpus_texts() if texts is None else texts)
+    arrays: dict[str, np.ndarray] = {"docs": np.asarray([f.docs], dtype=np.int64)}
+    for name, df in (("char", f.char_df), ("word", f.word_df)):
+        idx = np.flatnonzero(df)
+        arrays[f"{name}_idx"] = idx.astype(np.uint32)
+        arrays[f"{name}_df"] = df[idx].astype(np.uint16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **arrays)
+    return path
 
 
+def load_background(path: Path = BACKGROUND_PATH) -> tuple[np.ndarray | None, np.ndarray | None,
+                                                            int]:
+    """(char_df, word_df, docs) from ``path``; (None, None, 0) when it is missing."""
+    from suffixmem.conversation.topic import N_FEATURES
+
+    if not path.is_file():
+        return None, None, 0
+    with np.load(path) as data:
+        out = []
+        for name in ("char", "word"):
+            df = np.zeros(N_FEATURES, dtype=np.float32)
+            df[data[f"{name}_idx"]] = data[f"{name}_df"]
+            out.append(df)
+        return out[0], out[1], int(data["docs"][0])

@@ -1,30 +1,30 @@
-"""Topic jumps: English and languages without spaces, learned detector on held-out sessions,
-semantic temperature."""
+"""Topic jumps in several languages (incl. CJK), conversation cues, the bench's JSON shape, and
+the semantic temperature that follows the model."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from suffixmem.bench.topics import evaluate
-from suffixmem.conversation.topic import (
-    Featurizer,
-    RuleDetector,
+from suffixmem.conversation.temperature import (
     SemanticTemperature,
+    effective_temperature,
+    recommended_temperature,
+)
+from suffixmem.conversation.topic import (
     TopicConfig,
     TopicDetector,
     TopicState,
     content_chars,
     default_detector,
-    jump_scores,
 )
-from suffixmem.conversation.topic_corpus import build_sessions, load_topics, split_topics
+from suffixmem.conversation.topic_cues import continues_topic, has_shift_marker
 from suffixmem.errors import ConfigError
 
-
-def _background(language: str) -> list[str]:
-    return [t for convs in load_topics(language).values() for c in convs for p in c for t in p]
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _verdicts(detector: TopicDetector, turns: list[tuple[str, str]]) -> list[bool]:
@@ -37,102 +37,136 @@ def _verdicts(detector: TopicDetector, turns: list[tuple[str, str]]) -> list[boo
     return out
 
 
-def test_english_threshold_detector() -> None:
-    d = TopicDetector(TopicConfig(threshold=0.1), Featurizer().fit(_background("english")))
-    turns = [
-        ("How do I sort a list in Python?", "Use sorted(my_list) or my_list.sort()."),
-        ("Can I sort the Python list in reverse order?", "Yes: sorted(my_list, reverse=True)."),
-        ("What is your favourite football team?", "I do not follow football."),
-        ("Who won the football world cup in 2014?", "Germany won the 2014 world cup."),
-    ]
-    assert _verdicts(d, turns) == [False, False, True, False]
-
-
-@pytest.mark.parametrize("language,turns,expected", [
-    ("japanese", [
-        ("寿司の作り方を教えてください", "酢飯を作り、新鮮な魚をのせます。"),
-        ("寿司に合う魚は何ですか", "マグロやサーモンが寿司によく合います。"),
-        ("明日の東京の天気はどうですか", "晴れの予報です。"),
-    ], [False, False, True]),
-    ("chinese", [
-        ("怎么用Python给列表排序", "可以用sorted函数给列表排序。"),
-        ("Python列表可以倒序排序吗", "可以，sorted(列表, reverse=True)。"),
-        ("今天北京的天气怎么样", "今天北京晴天。"),
-    ], [False, False, True]),
+@pytest.mark.parametrize("turns,expected", [
+    ([("How do I sort a list in Python?", "Use sorted(my_list) or my_list.sort()."),
+      ("Can I sort it in reverse order?", "Yes: sorted(my_list, reverse=True)."),
+      ("why?", "Because sort compares items."),
+      ("By the way, how do I bake sourdough bread?", "Mix flour, water and a starter.")],
+     [False, False, False, True]),
+    ([("Wie lange muss ich Spaghetti kochen?", "Meist 8 bis 10 Minuten."),
+      ("Und wie viel Salz ins Wasser?", "Etwa 10 Gramm pro Liter Wasser."),
+      ("Übrigens, wie beantrage ich einen neuen Personalausweis?", "Beim Bürgeramt.")],
+     [False, False, True]),
+    ([("怎么用Python给列表排序", "可以用sorted函数给列表排序。"),
+      ("Python列表可以倒序排序吗", "可以，sorted(列表, reverse=True)。"),
+      ("顺便问一下，今天北京的天气怎么样", "今天北京晴天。")],
+     [False, False, True]),
+    ([("寿司の作り方を教えてください", "酢飯を作り、新鮮な魚をのせます。"),
+      ("寿司に合う魚は何ですか", "マグロやサーモンが寿司によく合います。"),
+      ("ところで、明日の東京の天気はどうですか", "晴れの予報です。")],
+     [False, False, True]),
 ])
-def test_languages_without_spaces(language: str, turns: list[tuple[str, str]],
-                                  expected: list[bool]) -> None:
-    feat = Featurizer().fit(_background(language))
-    d = TopicDetector(TopicConfig(threshold=0.1), feat)
-    assert _verdicts(d, turns) == expected
-    # why character n-grams: word tokens of unspaced text are whole sentences, sharing nothing
-    _, w1 = feat.transform([turns[0][0]])
-    _, w2 = feat.transform([turns[1][0]])
-    c1, _ = feat.transform([turns[0][0]])
-    c2, _ = feat.transform([turns[1][0]])
-    assert w1.multiply(w2).sum() == 0 and c1.multiply(c2).sum() > 0
+def test_jumps_and_continuations(turns: list[tuple[str, str]], expected: list[bool]) -> None:
+    assert _verdicts(default_detector(), turns) == expected
+
+
+def test_plain_jump_without_marker_and_reasons() -> None:
+    base = default_detector()
+    d = TopicDetector(TopicConfig(threshold=0.2), base.featurizer)
+    state = d.replay([("How do I sort a list in Python?", "Use sorted(my_list).")])
+    v = d.observe_user(state, "What is the tallest mountain in Africa and how high is it?")
+    assert v.jump and v.reason == "threshold" and v.similarity is not None
+    same = d.observe_user(state, "Does sorting a Python list with sorted() copy the list?")
+    assert not same.jump and same.similarity > v.similarity
+    assert d.detect([], "hello").reason == "first turn"
+
+
+def test_cues() -> None:
+    for text in ("By the way, what's new?", "Unrelated question: who won?", "übrigens, wer?",
+                 "Por cierto, ¿qué hora es?", "顺便问一下，几点了", "ところで、何時ですか"):
+        assert has_shift_marker(text), text
+    for text in ("and the second one?", "Why?", "¿Y por qué?", "那第二个呢？", "Und warum?",
+                 "How old is it?"):
+        assert continues_topic(text), text
+    for text in ("What is the capital of Peru?", "Wie beantrage ich einen Ausweis?",
+                 "今天北京的天气怎么样"):
+        assert not continues_topic(text) and not has_shift_marker(text), text
+    assert not has_shift_marker("the wayward son")  # phrases match on word boundaries
 
 
 def test_min_content_is_never_a_jump() -> None:
     d = TopicDetector(TopicConfig(threshold=0.99))
     state = TopicState()
     d.add_turn(state, "Tell me about volcanoes", "They erupt.", False)
-    assert content_chars("ok?") < d.config.min_content
     v = d.observe_user(state, "ok?")
     assert not v.jump and v.reason == "too little content"
-    assert d.observe_user(state, "Describe the history of the Roman empire").jump
     assert content_chars("天气") == 6  # a CJK character carries about a word
+    with pytest.raises(ConfigError):
+        TopicConfig(threshold=1.5)
+
+
+def test_session_idf_adapts() -> None:
+    """A term the session keeps repeating weighs less than in a fresh session."""
+    d = default_detector()
+    fresh = TopicState()
+    seen = d.replay([("zorblax zorblax", "zorblax"), ("zorblax again", "zorblax")])
+    c_fresh, _ = d._vectors(fresh, "zorblax quantum")
+    c_seen, _ = d._vectors(seen, "zorblax quantum")
+    idx = d.featurizer.char.transform(["zorblax"]).indices
+    assert c_seen[0, idx].sum() < c_fresh[0, idx].sum()
+
+
+def test_shipped_background_is_small_and_loaded() -> None:
+    from suffixmem.conversation.topic_corpus import BACKGROUND_PATH
+
+    assert BACKGROUND_PATH.stat().st_size < 5 * 2**20
+    assert default_detector().featurizer.docs > 1000
+
+
+@pytest.mark.benchmark
+def test_time_and_memory_limits() -> None:
+    """<= 20 ms per turn at p99 on a 50-turn session (not a timed assertion on a loaded machine
+    beyond a generous bound; the bench reports the figure)."""
+    sys.path.insert(0, str(BENCH))
+    from suffixmem_bench.topics import per_turn_ms
+
+    assert per_turn_ms(default_detector()) < 100
 
 
 @pytest.mark.slow
-def test_learned_detector_beats_the_rule_on_held_out_sessions() -> None:
-    tune, test = split_topics(load_topics("english"), seed=3)
-    detector = TopicDetector().train(tune, n_sessions=160, seed=3)
-    scored = build_sessions(test, 60, seed=4)
-    ours = evaluate(detector, scored)
-    rule = evaluate(RuleDetector(), scored)
-    assert ours["f1"] >= 0.6
-    assert ours["f1"] > rule["f1"] + 0.15
-    assert ours["precision"] > rule["precision"]
+def test_bench_json_shape() -> None:
+    sys.path.insert(0, str(BENCH))
+    from suffixmem_bench.topics import load_natural, run_topics
+
+    natural = load_natural()
+    assert len(natural) >= 40 and all(8 <= len(s) <= 16 for s in natural)
+    r = json.loads(json.dumps(run_topics(8, 0, ["english", "chinese"])))
+    assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural"}
+    for d in r["datasets"].values():
+        assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "turns", "jumps"}
+        assert 0 <= d["f1"] <= 1 and d["turns"] > 0
+    assert r["f1"] == r["datasets"]["natural"]["f1"]
+    assert r["f1_min"] == min(d["f1"] for d in r["datasets"].values())
+    assert r["ms_per_turn_p99"] > 0 and r["peak_mb"] > 0
+    assert not set(r["tune_topics"]) & set(r["test_topics"])
 
 
-@pytest.mark.slow
-def test_default_detector_is_cached(tmp_path: Path) -> None:
-    d1 = default_detector(tmp_path)
-    files = list(tmp_path.glob("detector-*.pkl"))
-    assert len(files) == 1 and d1.decision is not None and d1.topic_model is not None
-    d2 = default_detector(tmp_path)
-    turns = [("What is artificial intelligence?", "Machines that think."),
-             ("Tell me a joke about cats", "Why did the cat sit on the computer?")]
-    assert [d1.detect(turns[:1], turns[1][0]).probability] == [
-        d2.detect(turns[:1], turns[1][0]).probability]
-
-
-def test_semantic_temperature() -> None:
-    t = SemanticTemperature()
-    temps = [0.8]
-    for jumped in (False, True, False, False, False, False, False, False):
+def test_semantic_temperature_follows_the_model(tmp_path: Path) -> None:
+    assert recommended_temperature("smollm2-135m-instruct") == 0.2
+    t = SemanticTemperature.for_model("smollm2-135m-instruct")
+    assert (t.start, t.jump, t.initial()) == (0.2, 0.0, 0.0)  # a new session starts greedy
+    temps = [t.initial()]
+    for jumped in (False, False, True, False, False, False, False, False):
         temps.append(t.next(temps[-1], jumped))
-    assert temps == [0.8, 0.8, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.8]
+    assert temps == [0.0, 0.05, 0.1, 0.0, 0.05, 0.1, 0.15, 0.2, 0.2]
+    assert max(temps) <= 0.2  # "hot" is the model's own recommendation, never above
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.6}')
+    assert SemanticTemperature.for_model(tmp_path, cold_ratio=0.5).jump == 0.3
+    (tmp_path / "generation_config.json").write_text('{"do_sample": false}')
+    assert recommended_temperature(tmp_path) == 0.0
+    assert SemanticTemperature.for_model(tmp_path).next(0.0, False) == 0.0
+    assert t.with_range(hot=0.7).start == 0.7
+    assert effective_temperature(0.1, None) == 0.1 and effective_temperature(0.1, 0.9) == 0.9
     with pytest.raises(ConfigError):
         SemanticTemperature(start=0.2, jump=0.3)
+    with pytest.raises(ConfigError):
+        SemanticTemperature(start="hot")  # type: ignore[arg-type]
 
 
-def test_jump_scores() -> None:
-    s = jump_scores([True, False, True, False], [True, True, False, False])
-    assert (s["precision"], s["recall"], s["f1"]) == (0.5, 0.5, 0.5)
-    assert jump_scores([False], [False])["f1"] == 0.0
+def test_words_keep_their_combining_marks() -> None:
+    """Indic and Hebrew vowel signs are not \\w in Python; words must not split at them."""
+    from suffixmem.conversation.topic import word_tokens
 
-
-def test_fast_posteriors_equal_sklearn() -> None:
-    from scipy import sparse
-
-    tune, _ = split_topics(load_topics("english"), seed=0)
-    d = TopicDetector()
-    d.featurizer.fit([t for pairs in tune.values() for p in pairs for t in p])
-    d._fit_pool_topics({k: v[:20] for k, v in tune.items()})
-    c, w = d.featurizer.transform(["what is artificial intelligence", "tell me a joke"])
-    x = sparse.hstack([c, w]).tocsr()
-    import numpy as np
-
-    np.testing.assert_allclose(d.posteriors(x), d.topic_model.predict_proba(x), rtol=1e-10)
+    assert word_tokens("আমি তোমাকে ভালোবাসি") == ["আমি", "তোমাকে", "ভালোবাসি"]
+    assert word_tokens("שָׁלוֹם עוֹלָם") == ["שָׁלוֹם", "עוֹלָם"]
+    assert word_tokens("Hello, world!") == ["hello", "world"]
