@@ -130,9 +130,9 @@ def _make_manager(engine_name: str, model: str, database: str, max_model_len: in
     engine = create_engine(engine_name, model=model, max_model_len=max_model_len)
     try:
         mgr = ConversationManager(engine, database_url=database)
-        # Load the topic detector now rather than inside the first turn (its first build, once
-        # per SUFFIXMEM_HOME, fits it on chatterbot-corpus and takes about a minute).
-        with err_console.status("preparing the topic detector (first run only: about a minute)"):
+        # Load the topic detector (scikit-learn and the shipped IDF, about a second) now rather
+        # than inside the first turn, so the first reply's TTFT is the engine's.
+        with err_console.status("preparing the topic detector"):
             mgr.detector()
     except BaseException:
         engine.close()

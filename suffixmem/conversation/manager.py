@@ -41,8 +41,8 @@ from suffixmem.conversation.manager_config import ManagerConfig, SessionInfo
 from suffixmem.conversation.reconcile import anon_key, check_messages, reconcile
 from suffixmem.conversation.records import NewMessage, NewSession
 from suffixmem.conversation.store import Store
+from suffixmem.conversation.temperature import scheme_for
 from suffixmem.conversation.topic import (
-    SemanticTemperature,
     TopicDetector,
     default_detector,
 )
@@ -90,10 +90,9 @@ class ConversationManager:
             LAYOUTS[self.config.layout](self.config.evict_fraction)  # type: ignore[call-arg]
             if self.config.layout == "stable" else LAYOUTS[self.config.layout]()
         )
-        self.temperature = SemanticTemperature(
-            self.config.start_temperature, self.config.jump_temperature,
-            self.config.temperature_recovery,
-        )
+        cfg = self.config
+        self.temperature = scheme_for(engine.model_name, cfg.start_temperature,
+                                      cfg.jump_temperature, cfg.temperature_recovery)
         self.counter = TokenCounter(engine)
         self.retention: RetentionPolicy = self.config.retention or PinnedLRU()
         self.topics = TopicCache(self.config.detect_topics, self.config.topic_detector,
@@ -116,7 +115,7 @@ class ConversationManager:
             check_text("system_prompt", sp, max_chars=self.config.max_message_chars)
         rec, _ = self.store.open_session(
             session_id, title=title, model=self.engine.model_name, system_prompt=sp,
-            temperature=self.config.start_temperature,
+            temperature=self.temperature.initial(),
         )
         return SessionInfo.from_record(rec)
 
@@ -161,7 +160,7 @@ class ConversationManager:
 
     def clear_history(self, session_id: str) -> None:
         with self._locks.hold(check_session_id(session_id), "clear_history"):
-            self.store.clear_history(session_id)
+            self.store.clear_history(session_id, self.temperature.initial())
             self._forget(session_id)
         self._release(session_id)
 
@@ -200,7 +199,7 @@ class ConversationManager:
                 history=[m.to_message() for m in stored], tail=message, context=ctx,
                 to_store=[Message("user", message)], user_text=message,
                 session_temperature=rec.temperature if rec is not None
-                else self.config.start_temperature,
+                else self.temperature.initial(),
                 window_start=rec.window_start if rec is not None else 0,
                 stored_count=len(stored), version=version, sampling=params, create=new,
                 started=started,
@@ -252,7 +251,7 @@ class ConversationManager:
                 history=list(r.history), tail=tail, context=(), to_store=list(r.to_store),
                 user_text=users[-1] if users else None,
                 session_temperature=rec.temperature if rec is not None
-                else self.config.start_temperature,
+                else self.temperature.initial(),
                 window_start=rec.window_start if rec is not None and not r.replace else 0,
                 stored_count=len(stored) if stored is not None else 0, version=version,
                 sampling=params, create=new, replace=r.replace,
@@ -289,7 +288,7 @@ class ConversationManager:
         key = check_session_id(session_key, "session_key")
         check_text("prompt", prompt, max_chars=self.config.max_message_chars)
         params = {"max_tokens": self.config.max_tokens,
-                  "temperature": self.config.start_temperature, **check_sampling(sampling)}
+                  "temperature": self.temperature.initial(), **check_sampling(sampling)}
         ids = self.engine.tokenize(prompt)
         if not ids:
             raise InvalidRequestError("prompt is empty after tokenization")

@@ -8,7 +8,7 @@ from typing import Any
 
 from suffixmem.conversation.layout import LAYOUTS
 from suffixmem.conversation.records import SessionRecord
-from suffixmem.conversation.topic import JUMP_TEMPERATURE, START_TEMPERATURE, TopicDetector
+from suffixmem.conversation.topic import TopicDetector
 from suffixmem.conversation.validation import MAX_TEXT_CHARS
 from suffixmem.errors import ConfigError
 from suffixmem.retention import RetentionPolicy
@@ -26,7 +26,10 @@ class ManagerConfig:
       (None: the turn's ``max_tokens``).
     - ``max_tokens``: default reply length.
     - ``start_temperature`` / ``jump_temperature`` / ``temperature_recovery``: semantic
-      temperature (0.8, 0.3, +0.1 per turn on topic).
+      temperature, hot while a topic holds, cold on a jump and a session's first turn, warming
+      by ``temperature_recovery`` per on-topic turn. None (the default): relative to the
+      model's own recommended sampling (``SemanticTemperature.for_model``; for the default
+      model hot 0.2, cold greedy). An explicit per-call ``temperature=`` always wins.
     - ``topic_detector``: the detector (None: ``default_detector()``, fitted on the bundled
       corpus when available); ``detect_topics=False`` turns detection off.
     - ``retention``: the segment retention policy of the segment log (None: ``PinnedLRU``,
@@ -42,9 +45,9 @@ class ManagerConfig:
     context_window: int | None = None
     reply_reserve: int | None = None
     max_tokens: int = 256
-    start_temperature: float = START_TEMPERATURE
-    jump_temperature: float = JUMP_TEMPERATURE
-    temperature_recovery: float = 0.1
+    start_temperature: float | None = None
+    jump_temperature: float | None = None
+    temperature_recovery: float | None = None
     detect_topics: bool = True
     topic_detector: TopicDetector | None = None
     retention: RetentionPolicy | None = None

@@ -365,14 +365,14 @@ class Store(SegmentQueries):
 
         return self._retrying(run)  # type: ignore[no-any-return]
 
-    def clear_history(self, session_id: str) -> None:
-        """Delete the session's messages and reset its window and temperature."""
+    def clear_history(self, session_id: str, temperature: float = START_TEMPERATURE) -> None:
+        """Delete the session's messages and reset its window and ``temperature``."""
         sid = check_session_id(session_id)
         with self._tx() as s:
             row = self._lock_session(s, sid)
             s.execute(delete(MessageRow).where(MessageRow.session_id == sid))
             row.window_start = 0
-            row.temperature = START_TEMPERATURE
+            row.temperature = temperature
             row.updated_at = utcnow()
 
     # -- turn events ----------------------------------------------------------------------------

@@ -121,3 +121,15 @@ def recommended_temperature(model: str | Path | None) -> float:
         if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= MAX_TEMPERATURE:
             return float(t)
     return START_TEMPERATURE
+
+
+def scheme_for(model: str | Path | None, start: float | None = None, jump: float | None = None,
+               recovery: float | None = None) -> SemanticTemperature:
+    """The manager's scheme: ``model``'s own range, with any of hot (``start``), cold (``jump``)
+    and the per-turn ``recovery`` that the caller names instead."""
+    base = SemanticTemperature.for_model(model)
+    return SemanticTemperature(
+        base.start if start is None else start,
+        base.jump if jump is None else jump,
+        base.recovery if recovery is None else recovery,
+    )
