@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from suffixmem.engine.torch.rope import cos_sin, rope_with
+from suffixmem.engine.torch.rope import cos_sin, rope_signed, signed_sin
 from suffixmem.errors import ModelError
 
 SMALL_QUERY = 32  # up to this many queries, attention uses explicit batched matmuls
@@ -158,10 +158,12 @@ class PackedLinears:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+    """transformers' LlamaRMSNorm: normalise in fp32, cast back, then scale. The same operations
+    (bit-identical results), in place where that saves an allocation: it runs twice per layer
+    per decode step, where op overhead dominates."""
     xf = x.to(torch.float32)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    scaled = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True).add_(eps))
+    return scaled.to(x.dtype).mul_(weight)
 
 
 class Llama:
@@ -256,15 +258,17 @@ class Llama:
         return self.embed_tokens[ids]
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin [N, D]`` for ``positions [N]`` in the model dtype (compute once per
-        forward and pass to ``qkv`` as ``rope=``)."""
-        return cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+        """``cos, signed sin [N, D]`` (``rope.signed_sin``) for ``positions [N]`` in the model
+        dtype (compute once per forward and pass to ``qkv`` as ``rope=``)."""
+        cos, sin = cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+        return cos, signed_sin(sin)
 
     def qkv(self, i: int, h: torch.Tensor, positions: torch.Tensor | None = None,
             rope: tuple[torch.Tensor, torch.Tensor] | None = None,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer ``i``: ``h [N, E]`` -> ``q [N, H, D]``, ``k [N, KV, D]``, ``v [N, KV, D]``,
-        with RoPE at ``positions [N]`` (or precomputed ``rope=(cos, sin)``) on q and k."""
+        with RoPE at ``positions [N]`` (or precomputed ``rope=(cos, signed sin)`` from
+        ``rope()`` or ``RopeTable.lookup``) on q and k."""
         c = self.config
         w = self.layers[i]
         x = rms_norm(h, w.input_norm, c.rms_norm_eps)
@@ -278,7 +282,7 @@ class Llama:
             if positions is None:
                 raise ValueError("qkv needs positions or rope")
             rope = self.rope(positions)
-        qk = rope_with(qk, *rope)  # q and k rotated together: [N, H + KV, D]
+        qk = rope_signed(qk, *rope)  # q and k rotated together: [N, H + KV, D]
         return qk[:, :c.num_heads], qk[:, c.num_heads:], v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -14,12 +14,18 @@ as rows (an MQA-shaped call): on CPU it is ~8x faster than ``enable_gqa`` with o
 but its bf16 rounding differs from transformers' decode in the last bit. ``exact_decode=True``
 makes the same per-sequence ``enable_gqa`` call as transformers (bit-identical bf16 greedy
 decoding, slower attention).
+
+``measure_decode`` times decode steps at batch 1 and 4 against the weight-reading limit (the
+figures ``bench engines`` reports).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -151,14 +157,24 @@ class ModelRunner:
         if any(s.context_len != ctx for s in inputs):
             lens = torch.tensor([s.context_len for s in inputs])
             mask = (torch.arange(ctx)[None, :] < lens[:, None])[:, None, None, :]  # [B,1,1,T]
+        # one sequence whose blocks are consecutive in the pool (the usual case: the block pool
+        # hands out never-used blocks in order, one at a time as a sequence grows) attends over
+        # a view of the pool: no per-layer gather, no copy of the whole context per token
+        first = inputs[0].block_table[0]
+        view_from = first * bs if batch == 1 and list(inputs[0].block_table[:nb]) == list(
+            range(first, first + nb)) else None
         rope = self.rope.lookup(positions)
         h = m.embed(ids)
         for layer in range(c.num_layers):
             q, k, v = m.qkv(layer, h, rope=rope)
             pool.write(layer, slots, k, v)
-            kc, vc = pool.gather(layer, table)  # [B, nb*bs, KV, D]
-            kc = kc[:, :ctx].transpose(1, 2)  # [B, KV, T, D]
-            vc = vc[:, :ctx].transpose(1, 2)
+            if view_from is not None:
+                kc = pool.k[layer, view_from:view_from + ctx][None]  # [1, T, KV, D]
+                vc = pool.v[layer, view_from:view_from + ctx][None]
+            else:
+                kc, vc = pool.gather(layer, table)  # [B, nb*bs, KV, D]
+                kc, vc = kc[:, :ctx], vc[:, :ctx]
+            kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)  # [B, KV, T, D]
             if self.exact_decode:
                 out = torch.cat([F.scaled_dot_product_attention(
                     q[b][:, None, :][None],  # [1, H, 1, D]
@@ -170,3 +186,68 @@ class ModelRunner:
                 out = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=mask)
             h = m.finish(layer, h, out.reshape(batch, c.num_heads * c.head_dim))
         return m.logits(h).float()
+
+
+# -- decode speed against the memory-bandwidth limit -----------------------------------------------
+def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Best-of-``repeats`` memory-copy rate in bytes/s, bytes read plus bytes written (the figure
+    ``bench engines`` reports as ``copy_bytes_per_s``), with torch's current thread count."""
+    src = torch.ones(mib << 18, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * src.element_size() / best
+
+
+def measure_decode(model: Llama | str | Path, *, batch_sizes: Sequence[int] = (1, 4),
+                   context: int = 256, steps: int = 32, repeats: int = 3,
+                   mem_bytes_per_s: float | None = None, block_size: int = 16,
+                   seed: int = 0) -> dict[str, float]:
+    """Decode speed of ``ModelRunner`` against the weight-reading limit.
+
+    For each batch size ``B``: ``B`` sequences of ``context`` random tokens are prefilled, then
+    ``steps`` decode steps (one token per sequence each) are timed, ``repeats`` times over the
+    same positions; the figure is the best repeat's mean step time. Returns
+    ``decode_ms_per_token_b{B}`` (ms per step: each sequence gets one token per step),
+    ``decode_tokens_per_s_b{B}``, ``weights_bytes`` (read once per step), ``mem_gbps`` (copy
+    rate, read + written, ``mem_bytes_per_s`` or measured here), ``bandwidth_limit_ms``
+    (``weights_bytes / mem_gbps``: no step can be faster) and ``ratio_b{B}`` (step / limit).
+    Uses torch's current thread count; the timings are wall clock, so noisy on a busy machine.
+    """
+    if not batch_sizes or min(batch_sizes) < 1 or context < 1 or steps < 1 or repeats < 1:
+        raise ValueError("measure_decode needs batch sizes >= 1 and positive context, steps, "
+                         "repeats")
+    if not isinstance(model, Llama):
+        model = Llama.from_pretrained(model, torch.bfloat16)
+    c = model.config
+    if context + steps > c.max_position_embeddings:
+        raise ValueError("context + steps exceeds the model's max_position_embeddings")
+    per_seq = -(-(context + steps) // block_size)
+    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, block_size,
+                  per_seq * max(batch_sizes), model.dtype)
+    runner = ModelRunner(model, pool, context + steps)
+    gen = torch.Generator().manual_seed(seed)
+    mem = mem_bytes_per_s if mem_bytes_per_s is not None else copy_bandwidth()
+    limit_s = model.weight_bytes / mem
+    out: dict[str, float] = {"weights_bytes": float(model.weight_bytes),
+                             "mem_gbps": mem / 1e9, "bandwidth_limit_ms": limit_s * 1e3,
+                             "context": float(context), "threads": float(torch.get_num_threads())}
+    for b in batch_sizes:
+        tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(b)]
+        ids = torch.randint(0, c.vocab_size, (b, context + steps), generator=gen).tolist()
+        runner.forward([SeqInput(ids[i][:context], range(context), tables[i], context)
+                        for i in range(b)])
+        best = math.inf
+        for _ in range(repeats + 1):  # the first round warms oneDNN's primitive caches
+            t = time.perf_counter()
+            for p in range(context, context + steps):
+                runner.forward([SeqInput([ids[i][p]], [p], tables[i], p + 1) for i in range(b)])
+            best = min(best, (time.perf_counter() - t) / steps)
+        out[f"decode_ms_per_token_b{b}"] = best * 1e3
+        out[f"decode_tokens_per_s_b{b}"] = b / best
+        out[f"ratio_b{b}"] = best / limit_s
+    return out

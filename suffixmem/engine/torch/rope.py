@@ -41,6 +41,19 @@ def rope_with(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return x * cos + rotate_half(x) * sin
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin [N, D]`` with its first half negated, for ``rope_signed``."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rope_signed(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tensor:
+    """``rope_with(x, cos, sin)`` bit for bit, given ``ssin = signed_sin(sin)``: the halves of
+    ``x`` swapped by one ``roll`` times the signed sine is ``rotate_half(x) * sin`` (negation is
+    exact), in four tensor ops instead of seven; the hot path of every forward step."""
+    return x * cos[:, None, :] + x.roll(x.shape[-1] // 2, -1) * ssin[:, None, :]
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotate ``x [N, heads, D]`` to ``positions [N]``, in ``x``'s dtype as transformers does
     (cos/sin computed in fp32, cast to ``x.dtype``, then multiplied)."""
@@ -60,15 +73,18 @@ def rerotate(k: torch.Tensor, delta_positions: torch.Tensor | int, theta: float)
 
 
 class RopeTable:
-    """Precomputed ``cos, sin [max_positions, D]`` in the model's dtype, for the engine's hot
-    path (one lookup per step instead of recomputing the trigonometry)."""
+    """Precomputed ``cos, signed sin [max_positions, D]`` in the model's dtype, for the engine's
+    hot path (one lookup per step instead of recomputing the trigonometry); the pairs it returns
+    are what ``Llama.qkv(rope=...)`` takes (see ``rope_signed``)."""
 
     def __init__(self, head_dim: int, theta: float, max_positions: int,
                  dtype: torch.dtype) -> None:
         self.head_dim = head_dim
         self.theta = theta
-        self.cos, self.sin = cos_sin(torch.arange(max_positions), head_dim, theta, dtype)
+        self.cos, sin = cos_sin(torch.arange(max_positions), head_dim, theta, dtype)
+        self.ssin = signed_sin(sin)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin [N, D]`` for ``positions [N]`` (torch raises IndexError past the end)."""
-        return self.cos[positions], self.sin[positions]
+        """``cos, signed sin [N, D]`` for ``positions [N]`` (torch raises IndexError past the
+        end)."""
+        return self.cos[positions], self.ssin[positions]

@@ -9,8 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from suffixmem.engine.torch.llama import Llama, ModelConfig
-from suffixmem.engine.torch.rope import apply_rope, rerotate
+from suffixmem.engine.torch.llama import Llama, ModelConfig, rms_norm
+from suffixmem.engine.torch.rope import (
+    RopeTable,
+    apply_rope,
+    cos_sin,
+    rerotate,
+    rope_signed,
+    rope_with,
+)
 from suffixmem.errors import ModelError
 
 
@@ -151,6 +158,29 @@ def test_real_model_bf16_200_token_greedy_continuation_same_argmax(
     got = ours.forward(ids).float()[len(prompt) - 1:]
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     assert (got - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fast_rope_and_rms_norm_are_bit_identical_to_transformers(dtype: torch.dtype) -> None:
+    """The hot-path RoPE (one roll, signed-sine table) and the in-place RMSNorm give exactly
+    transformers' results, so exact bf16 decoding is unaffected by them."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, rotate_half
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(50, 12, 64, generator=g) * 4).to(dtype)
+    pos = torch.randint(0, 4000, (50,), generator=g)
+    cos, sin = cos_sin(pos, 64, 100000.0, dtype)
+    hf = x * cos[:, None] + rotate_half(x) * sin[:, None]
+    table = RopeTable(64, 100000.0, 4096, dtype)
+    assert torch.equal(rope_signed(x, *table.lookup(pos)), hf)
+    assert torch.equal(rope_with(x, cos, sin), hf)
+    norm = LlamaRMSNorm(576, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(576, generator=g) + 0.5)
+    h = (torch.randn(64, 576, generator=g) * torch.rand(64, 1, generator=g) * 30).to(dtype)
+    with torch.inference_mode():
+        assert torch.equal(rms_norm(h, norm.weight.detach(), 1e-5), norm(h))
+    assert h.abs().sum() > 0  # the input is not modified in place (fp32: no copy is made)
 
 
 @pytest.mark.parametrize("nq", [3, 40])

@@ -9,7 +9,7 @@ import torch
 
 from suffixmem.engine.torch.kv_pool import KVPool, torch_dtype
 from suffixmem.engine.torch.llama import Llama
-from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
+from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput, measure_decode
 from suffixmem.errors import ConfigError
 
 BS = 4
@@ -70,6 +70,67 @@ def test_batched_decode_of_uneven_sequences(tiny: Any, exact: bool) -> None:
         for i, (s, n) in enumerate(zip(seqs, lengths, strict=True)):
             dense = model.forward(torch.tensor(s[:n + step + 1]))[-1]
             assert (logits[i] - dense).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_single_sequence_decode_over_pool_view_equals_gathered(tiny: Any,
+                                                               dtype: torch.dtype) -> None:
+    """One sequence on consecutive blocks attends over a view of the pool, on scattered blocks
+    over a gathered copy: the same logits bit for bit, and (fp32) the dense forward's."""
+    _, model = tiny
+    if dtype != torch.float32:  # bf16 weights: the oneDNN-packed linears are used
+        model = Llama.from_state_dict(model.config, _state_of(model), dtype)
+    ids = torch.randint(0, 256, (30,)).tolist()
+    runs = {}
+    for name, table in (("view", list(range(5, 13))), ("gather", scattered_table(8, 3))):
+        c = model.config
+        pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BS, 64, dtype)
+        runner = ModelRunner(model, pool, 512)
+        runner.forward([SeqInput(ids[:17], list(range(17)), table, 17)])
+        runs[name] = torch.cat([runner.forward([SeqInput([ids[p]], [p], table, p + 1)]).logits
+                                for p in range(17, 30)])  # crosses block boundaries
+    assert torch.equal(runs["view"], runs["gather"])
+    if dtype == torch.float32:
+        dense = model.forward(torch.tensor(ids))[17:30]
+        assert (runs["view"] - dense).abs().max().item() <= TOL
+
+
+def _state_of(model: Llama) -> dict[str, torch.Tensor]:
+    """transformers parameter names for our model's weights (to rebuild it in another dtype)."""
+    c = model.config
+    state = {"model.embed_tokens.weight": model.embed_tokens, "model.norm.weight": model.norm,
+             "lm_head.weight": model.lm_head}
+    q, k = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    for i, w in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        state[p + "input_layernorm.weight"] = w.input_norm
+        state[p + "post_attention_layernorm.weight"] = w.post_norm
+        state[p + "self_attn.q_proj.weight"] = w.w_qkv[:q]
+        state[p + "self_attn.k_proj.weight"] = w.w_qkv[q:q + k]
+        state[p + "self_attn.v_proj.weight"] = w.w_qkv[q + k:]
+        state[p + "self_attn.o_proj.weight"] = w.w_o
+        state[p + "mlp.gate_proj.weight"] = w.w_gate_up[:c.intermediate_size]
+        state[p + "mlp.up_proj.weight"] = w.w_gate_up[c.intermediate_size:]
+        state[p + "mlp.down_proj.weight"] = w.w_down
+    return state
+
+
+def test_measure_decode_reports_against_the_limit(tiny: Any) -> None:
+    _, model = tiny
+    out = measure_decode(model, batch_sizes=(1, 4), context=20, steps=3, repeats=1,
+                         mem_bytes_per_s=1e9)
+    assert out["weights_bytes"] == model.weight_bytes
+    assert out["bandwidth_limit_ms"] == pytest.approx(model.weight_bytes / 1e9 * 1e3)
+    for b in (1, 4):
+        ms = out[f"decode_ms_per_token_b{b}"]
+        assert ms > 0
+        assert out[f"decode_tokens_per_s_b{b}"] == pytest.approx(b * 1e3 / ms)
+        assert out[f"ratio_b{b}"] == pytest.approx(ms / out["bandwidth_limit_ms"])
+    assert measure_decode(model, batch_sizes=(1,), context=4, steps=1, repeats=1)["mem_gbps"] > 0
+    with pytest.raises(ValueError, match="batch sizes"):
+        measure_decode(model, batch_sizes=(0,))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        measure_decode(model, context=1000, steps=100)
 
 
 def test_prefill_of_non_contiguous_positions(tiny: Any) -> None:
