@@ -4,7 +4,7 @@ Alembic migrations shipped inside the package (``suffixmem/migrations``).
 Contract: ``make_engine(url)`` gives a SQLAlchemy engine with the settings the store relies on;
 ``upgrade``/``downgrade``/``current_revision`` run the migrations programmatically (the folder is
 found from the installed package, never from the working directory). Every error message shows
-the URL with its password masked (``safe_url``).
+the URL with its password masked (``suffixmem.config.mask_url``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
+from suffixmem.config import mask_url
 from suffixmem.errors import StoreError
 
 
@@ -37,14 +38,6 @@ def alembic_config(connection: Any = None) -> Any:
     if connection is not None:
         cfg.attributes["connection"] = connection
     return cfg
-
-
-def safe_url(url: str) -> str:
-    """``url`` with its password hidden, for error messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<unparseable database URL>"
 
 
 def mask(text: str, url: str) -> str:
@@ -82,7 +75,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, **kwargs)
     except Exception as e:  # missing driver, bad options
         raise StoreError(
-            f"cannot use database {safe_url(url)}: {mask(str(e), url)}") from e
+            f"cannot use database {mask_url(url)}: {mask(str(e), url)}") from e
     if backend == "sqlite":
 
         @event.listens_for(engine, "connect")
@@ -121,7 +114,7 @@ def current_revision(url_or_engine: str | Engine) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     except SQLAlchemyError as e:
         raise StoreError(
-            f"cannot read schema revision of {safe_url(str(engine.url))}: "
+            f"cannot read schema revision of {mask_url(str(engine.url))}: "
             f"{mask(reason(e), engine.url.render_as_string(hide_password=False))}") from e
     finally:
         if isinstance(url_or_engine, str):
@@ -137,7 +130,7 @@ def _migrate(url_or_engine: str | Engine, direction: str, revision: str) -> None
             getattr(command, direction)(alembic_config(conn), revision)
     except SQLAlchemyError as e:
         raise StoreError(
-            f"cannot {direction} database {safe_url(str(engine.url))} to {revision!r}: "
+            f"cannot {direction} database {mask_url(str(engine.url))} to {revision!r}: "
             f"{mask(reason(e), engine.url.render_as_string(hide_password=False))}"
         ) from e
     finally:

@@ -26,12 +26,12 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from suffixmem.config import mask_url
 from suffixmem.conversation.database import (
     downgrade,
     make_engine,
     mask,
     reason,
-    safe_url,
     upgrade,
 )
 from suffixmem.conversation.records import (
@@ -71,7 +71,7 @@ class Store(SegmentQueries):
     """SQL persistence of conversations (see the module docstring for the contract)."""
 
     def __init__(self, url: str, *, migrate: bool = True) -> None:
-        self.url = safe_url(url)  # shown in messages and logs: password masked
+        self.url = mask_url(url)  # shown in messages and logs: password masked
         self._raw_url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -81,7 +81,7 @@ class Store(SegmentQueries):
         except SQLAlchemyError as e:
             self.engine.dispose()
             raise StoreError(
-                f"cannot connect to database {safe_url(url)}: {mask(reason(e), self._raw_url)}"
+                f"cannot connect to database {mask_url(url)}: {mask(reason(e), self._raw_url)}"
             ) from e
         if migrate:
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,6 +63,12 @@ class VLLMEngine(BaseEngine):
     name = "vllm"
     supports_json_schema = True
 
+    # vLLM keeps its distributed state (parallel groups) per process: shutting one in-process
+    # engine core down tears it down under every other engine still alive in the process
+    # ("pipeline model parallel group is not initialized"), so only the last one shuts down.
+    _live = 0
+    _live_lock = threading.Lock()
+
     def __init__(self, config: EngineConfig | None = None) -> None:
         super().__init__()
         self.config = config = config or EngineConfig()
@@ -97,6 +104,8 @@ class VLLMEngine(BaseEngine):
             args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * (1 << 30))
         args.update(config.extra)
         self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        with VLLMEngine._live_lock:
+            VLLMEngine._live += 1
         cache = self._engine.vllm_config.cache_config
         hf = self._engine.vllm_config.model_config.hf_config
         per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * (
@@ -203,7 +212,12 @@ class VLLMEngine(BaseEngine):
 
     def _shutdown(self) -> None:
         engine = getattr(self, "_engine", None)
-        if engine is not None:
+        if engine is None:
+            return
+        with VLLMEngine._live_lock:
+            VLLMEngine._live -= 1
+            last = VLLMEngine._live == 0
+        if last:
             shutdown = getattr(engine, "shutdown", None) or getattr(
                 getattr(engine, "engine_core", None), "shutdown", None)
             if shutdown is not None:
@@ -211,4 +225,4 @@ class VLLMEngine(BaseEngine):
                     shutdown()
                 except Exception:  # best effort at teardown
                     log.debug("vLLM shutdown failed", exc_info=True)
-            self._engine = None
+        self._engine = None
