@@ -32,6 +32,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -122,11 +123,18 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(503, msg, type="server_error", code="unavailable",
                         headers={"Retry-After": "1"})
     if isinstance(exc, InvalidRequestError | ValueError):
-        first = msg.split(" ", 1)[0]
-        param = first if first.replace("_", "").replace(".", "").isalnum() else None
-        return APIError(400, msg, param=param, code="invalid_value")
+        return APIError(400, msg, param=_param_of(msg), code="invalid_value")
     log.error("internal error", exc_info=exc)
     return APIError(500, "internal server error", type="server_error", code="internal_error")
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a library error names: its first word when that is a field
+    (``stop[0] is empty`` -> ``stop``), else ``messages`` when it is about a message."""
+    m = re.match(r"([a-z_]+)", message)
+    if m and m.group(1) in ChatCompletionRequest.model_fields:
+        return m.group(1)
+    return "messages" if re.search(r"\bmessages?\b|\brole\b", message) else None
 
 
 def namespace(api_key: str | None) -> str:
