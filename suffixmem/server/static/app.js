@@ -144,7 +144,12 @@ async function send(text) {
         if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
         const ev = JSON.parse(line.slice(6));
         if (ev.error) throw new Error(ev.error.message);
-        for (const c of ev.choices || []) if (c.delta && c.delta.content) body.textContent += c.delta.content;
+        for (const c of ev.choices || []) {
+          if (c.delta && c.delta.content) {
+            body.textContent += c.delta.content;
+            div.dataset.chunks = Number(div.dataset.chunks || 0) + 1;  // how many deltas came
+          }
+        }
         if (ev.suffixmem) turn.ttft_s = ev.suffixmem.ttft_s;
         if (ev.usage) {
           turn.prompt_tokens = ev.usage.prompt_tokens;
