@@ -10,7 +10,8 @@ Needs the ``server`` extra (fastapi, uvicorn). See docs/server.md.
 from __future__ import annotations
 
 from suffixmem.server.app import create_app
+from suffixmem.server.errors import APIError
 from suffixmem.server.run import serve
-from suffixmem.server.serving import APIError, ChatService, ServerConfig
+from suffixmem.server.serving import ChatService, ServerConfig
 
 __all__ = ["APIError", "ChatService", "ServerConfig", "create_app", "serve"]

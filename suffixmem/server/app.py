@@ -19,15 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suffixmem.conversation.manager import ConversationManager
+from suffixmem.server.errors import APIError, to_api_error
 from suffixmem.server.protocol import ChatCompletionRequest, ErrorResponse
-from suffixmem.server.serving import (
-    SESSION_HEADER,
-    APIError,
-    ChatService,
-    ServerConfig,
-    namespace,
-    to_api_error,
-)
+from suffixmem.server.serving import SESSION_HEADER, ChatService, ServerConfig, namespace
 
 STATIC = files("suffixmem.server") / "static"
 
@@ -137,7 +131,9 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
             lines = await service.stream(body, sid, client_id)
             return StreamingResponse(lines, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", **headers})
-        result = await service.complete(body, sid, client_id)
+        result = await service.complete(body, sid, client_id, request.is_disconnected)
+        if result is None:  # the client left; nginx's 499, for the access log only
+            return Response(status_code=499)
         return JSONResponse(result.model_dump(exclude_none=True), headers=headers)
 
     @app.get("/v1/sessions")

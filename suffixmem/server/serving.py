@@ -29,28 +29,20 @@ manager stores nothing of a turn that did not finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
-import logging
-import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from suffixmem.conversation.locks import SessionBusyError
 from suffixmem.conversation.manager import ConversationManager, TurnResult
 from suffixmem.engine.protocol import Message, TokenEvent
-from suffixmem.errors import (
-    CapacityError,
-    ContextWindowError,
-    EngineClosedError,
-    InvalidRequestError,
-    StoreError,
-    UnknownSessionError,
-)
+from suffixmem.errors import InvalidRequestError, UnknownSessionError
+from suffixmem.server.errors import APIError, to_api_error
 from suffixmem.server.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -60,15 +52,12 @@ from suffixmem.server.protocol import (
     Choice,
     ChunkChoice,
     Delta,
-    ErrorBody,
     ModelCard,
     ModelList,
     PromptTokensDetails,
     TurnInfo,
     Usage,
 )
-
-log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Session-ID"
 
@@ -93,48 +82,6 @@ class ServerConfig:
             raise InvalidRequestError(f"max_pending must be >= 1, got {self.max_pending}")
         if any(not k or not k.strip() for k in self.api_keys):
             raise InvalidRequestError("api_keys must be non-empty strings")
-
-
-class APIError(Exception):
-    """An error with its HTTP status, in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = ErrorBody(message=message, type=type, param=param, code=code)
-        self.headers = headers or {}
-
-
-def to_api_error(exc: BaseException) -> APIError:
-    """Map any exception onto an ``APIError``: suffixmem's own errors to 4xx/503, anything
-    else to 500 (logged; never the outcome of bad input, which the library rejects first)."""
-    if isinstance(exc, APIError):
-        return exc
-    msg = " ".join(str(exc).split())
-    if isinstance(exc, UnknownSessionError):
-        return APIError(404, msg, param="session", code="session_not_found")
-    if isinstance(exc, ContextWindowError):
-        return APIError(400, msg, param="messages", code="context_length_exceeded")
-    if isinstance(exc, SessionBusyError):
-        return APIError(409, msg, type="conflict_error", code="session_busy")
-    if isinstance(exc, CapacityError | EngineClosedError | StoreError):
-        return APIError(503, msg, type="server_error", code="unavailable",
-                        headers={"Retry-After": "1"})
-    if isinstance(exc, InvalidRequestError | ValueError):
-        return APIError(400, msg, param=_param_of(msg), code="invalid_value")
-    log.error("internal error", exc_info=exc)
-    return APIError(500, "internal server error", type="server_error", code="internal_error")
-
-
-def _param_of(message: str) -> str | None:
-    """The request field a library error names: its first word when that is a field
-    (``stop[0] is empty`` -> ``stop``), else ``messages`` when it is about a message."""
-    m = re.match(r"([a-z_]+)", message)
-    if m and m.group(1) in ChatCompletionRequest.model_fields:
-        return m.group(1)
-    return "messages" if re.search(r"\bmessages?\b|\brole\b", message) else None
 
 
 def namespace(api_key: str | None) -> str:
@@ -285,20 +232,31 @@ class ChatService:
                            headers={"Retry-After": "1"})
         self.pending += 1
 
-    async def complete(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None
-                       ) -> ChatCompletion:
+    async def complete(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None,
+                       disconnected: Callable[[], Awaitable[bool]] | None = None
+                       ) -> ChatCompletion | None:
+        """The whole turn; None if ``disconnected()`` turned true first (the turn was aborted
+        and nothing stored: there is nobody left to answer)."""
         self._admit()
+        events = None
         try:
             events = await self._events(req, sid)
-            turn = None
-            async for e in events:
-                if isinstance(e, TurnResult):
-                    turn = e
-            assert turn is not None
+            drain = asyncio.ensure_future(_last(events))
+            while not drain.done():
+                await asyncio.wait({drain}, timeout=0.25)
+                if not drain.done() and disconnected is not None and await disconnected():
+                    drain.cancel()  # aborts the engine request: the manager closes the turn
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await drain
+                    return None
+            turn = drain.result()
         except Exception as e:
             raise to_api_error(e) from e
         finally:
             self.pending -= 1
+            if events is not None:
+                with anyio.CancelScope(shield=True):
+                    await events.aclose()
         return ChatCompletion(
             id=f"chatcmpl-{uuid.uuid4().hex}", model=self.model_name,
             choices=[Choice(message=AssistantMessage(content=turn.text),
@@ -355,6 +313,16 @@ class ChatService:
             with anyio.CancelScope(shield=True):
                 await events.aclose()
         yield "data: [DONE]\n\n"
+
+
+async def _last(events: AsyncIterator[Any]) -> TurnResult:
+    turn = None
+    async for e in events:
+        if isinstance(e, TurnResult):
+            turn = e
+    if turn is None:
+        raise RuntimeError("the turn ended without a result")
+    return turn
 
 
 async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:

@@ -95,3 +95,25 @@ def test_disconnect_mid_stream_stores_nothing(server: Server, existing: bool) ->
     else:
         assert sid not in [s.id for s in server.manager.list_sessions()]  # type: ignore[attr-defined]
         assert httpx.get(f"{server.url}/v1/sessions/{sid}", headers=A).status_code == 404
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_reply_stores_nothing(server: Server
+                                                                          ) -> None:
+    sid = f"gone-sync-{uuid.uuid4().hex[:8]}"
+    service = server.app.state.service  # type: ignore[attr-defined]
+    engine = server.manager.engine  # type: ignore[attr-defined]
+    start_tokens = engine.stats().output_tokens
+    body = {"messages": [{"role": "user", "content": "Write a very long story about trains."}],
+            "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=2.0,
+                   headers={**A, "X-Session-ID": sid})
+    deadline = time.monotonic() + 30
+    while service.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert service.pending == 0
+    after = engine.stats().output_tokens
+    time.sleep(1.0)
+    assert engine.stats().output_tokens == after
+    assert after - start_tokens < 500
+    assert httpx.get(f"{server.url}/v1/sessions/{sid}", headers=A).status_code == 404
