@@ -340,8 +340,12 @@ def serve(
     docs/server.md)."""
     import os
 
-    from suffixmem.server import ServerConfig
-    from suffixmem.server import serve as run_server
+    try:
+        from suffixmem.server import ServerConfig
+        from suffixmem.server import serve as run_server
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"suffixmem serve needs {e.name}: pip install 'suffixmem[server]'"
+                          ) from None
 
     _check_engine(engine)
     url = _check_database(database)
