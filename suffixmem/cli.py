@@ -321,6 +321,45 @@ def ask(
 
 
 @app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    engine: str = typer.Option("vllm", help="Engine: vllm (default) or torch."),
+    model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
+    database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
+    api_key: list[str] | None = typer.Option(  # noqa: B008 - a list option, read-only
+        None, help="Require this bearer key (repeatable; default: $SUFFIXMEM_API_KEY, "
+        "comma-separated). Each key sees only its own sessions."),
+    max_model_len: int = typer.Option(8192, help="Context window in tokens."),
+    max_pending: int = typer.Option(64, help="Requests in flight before 429."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024, help="Largest request body (413)."),
+    served_model_name: str | None = typer.Option(
+        None, help="Model id in /v1/models (default: the model's name)."),
+) -> None:
+    """OpenAI-compatible HTTP server with sessions and a web chat page at / (see
+    docs/server.md)."""
+    import os
+
+    try:
+        from suffixmem.server import ServerConfig
+        from suffixmem.server import serve as run_server
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"suffixmem serve needs {e.name}: pip install 'suffixmem[server]'"
+                          ) from None
+
+    _check_engine(engine)
+    url = _check_database(database)
+    keys = tuple(api_key or [k.strip() for k in os.environ.get("SUFFIXMEM_API_KEY", "").split(",")
+                             if k.strip()])
+    config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,
+                          served_model_name=served_model_name)
+    err_console.print(f"suffixmem: serving on http://{host}:{port} "
+                      f"({'API key required' if keys else 'no API key'})")
+    run_server(host, port, engine=engine, model=model, database_url=url, config=config,
+               max_model_len=max_model_len)
+
+
+@app.command()
 def model(
     name: str = typer.Argument(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
     verify: bool = typer.Option(False, help="Also check every file's sha256."),

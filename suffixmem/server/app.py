@@ -1,0 +1,157 @@
+"""The FastAPI application of ``suffixmem serve``: routes, auth, limits and the error handler.
+
+Routes only translate HTTP to ``ChatService`` calls. Every error, ours or FastAPI's, leaves
+through one handler in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+The web chat page is served from the package's ``static/`` folder at ``/``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from importlib.resources import files
+from typing import Any
+
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from suffixmem.conversation.manager import ConversationManager
+from suffixmem.server.errors import APIError, to_api_error
+from suffixmem.server.protocol import ChatCompletionRequest, ErrorResponse
+from suffixmem.server.serving import SESSION_HEADER, ChatService, ServerConfig, namespace
+
+STATIC = files("suffixmem.server") / "static"
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=err.body).model_dump(), status_code=err.status,
+                        headers=err.headers)
+
+
+class BodyLimit:
+    """413 for request bodies over ``limit`` bytes: by Content-Length up front, and by counting
+    when the body is streamed without one (so a lying header cannot get past it)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_big = APIError(413, f"request body is larger than {self.limit} bytes",
+                           param="body", code="request_too_large")
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await error_response(too_big)(scope, receive, send)
+                return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise too_big
+            return msg
+
+        await self.app(scope, limited, send)
+
+
+def create_app(manager: ConversationManager, config: ServerConfig | None = None) -> FastAPI:
+    """The server's ASGI app over ``manager`` (whose engine and database the caller owns)."""
+    service = ChatService(manager, config)
+    keys = service.config.api_keys
+    app = FastAPI(title="suffixmem", docs_url=None, redoc_url=None)
+    app.state.service = service
+
+    def ns_of(request: Request) -> str:
+        """The caller's session namespace; 401 without a valid key when keys are required."""
+        if not keys:
+            return ""
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        token = token.strip()
+        if scheme.lower() == "bearer" and token:
+            for k in keys:
+                if hmac.compare_digest(k.encode(), token.encode()):
+                    return namespace(k)
+        raise APIError(401, "missing or invalid API key (Authorization: Bearer KEY)",
+                       type="authentication_error", code="invalid_api_key")
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        msg = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
+        return error_response(APIError(400, msg, param=param, code="invalid_value"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+
+    @app.exception_handler(Exception)
+    async def _other(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(to_api_error(exc))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return service.health()
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        ns_of(request)
+        return service.models().model_dump()
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(
+        body: ChatCompletionRequest, request: Request,
+        x_session_id: str | None = Header(default=None, alias=SESSION_HEADER),
+    ) -> Response:
+        ns = ns_of(request)
+        if x_session_id is not None:
+            client_id, field = x_session_id, SESSION_HEADER
+        elif body.prompt_cache_key is not None:
+            client_id, field = body.prompt_cache_key, "prompt_cache_key"
+        else:
+            client_id, field = body.user, "user"
+        sid = service.session_id(ns, client_id, field)
+        headers = {SESSION_HEADER: client_id} if client_id is not None else {}
+        if body.stream:
+            lines = await service.stream(body, sid, client_id)
+            return StreamingResponse(lines, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", **headers})
+        result = await service.complete(body, sid, client_id, request.is_disconnected)
+        if result is None:  # the client left; nginx's 499, for the access log only
+            return Response(status_code=499)
+        return JSONResponse(result.model_dump(exclude_none=True), headers=headers)
+
+    @app.get("/v1/sessions")
+    async def list_sessions(request: Request) -> dict[str, Any]:
+        return await service.list_sessions(ns_of(request))
+
+    @app.get("/v1/sessions/{session_id}")
+    async def get_session(session_id: str, request: Request) -> dict[str, Any]:
+        return await service.get_session(ns_of(request), session_id)
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def delete_session(session_id: str, request: Request) -> dict[str, Any]:
+        return await service.delete_session(ns_of(request), session_id)
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(str(STATIC / "index.html"))
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    app.add_middleware(BodyLimit, limit=service.config.max_body_bytes)
+    return app

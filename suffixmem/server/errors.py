@@ -1,0 +1,62 @@
+"""Errors of ``suffixmem serve`` in OpenAI's shape, and the one mapping from suffixmem's own
+exceptions onto HTTP statuses (docs/server.md has the table)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from suffixmem.conversation.locks import SessionBusyError
+from suffixmem.errors import (
+    CapacityError,
+    ContextWindowError,
+    EngineClosedError,
+    InvalidRequestError,
+    StoreError,
+    UnknownSessionError,
+)
+from suffixmem.server.protocol import ChatCompletionRequest, ErrorBody
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    """An error with its HTTP status, in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(message=message, type=type, param=param, code=code)
+        self.headers = headers or {}
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """Map any exception onto an ``APIError``: suffixmem's own errors to 4xx/503, anything
+    else to 500 (logged; never the outcome of bad input, which the library rejects first)."""
+    if isinstance(exc, APIError):
+        return exc
+    msg = " ".join(str(exc).split())
+    if isinstance(exc, UnknownSessionError):
+        return APIError(404, msg, param="session", code="session_not_found")
+    if isinstance(exc, ContextWindowError):
+        return APIError(400, msg, param="messages", code="context_length_exceeded")
+    if isinstance(exc, SessionBusyError):
+        return APIError(409, msg, type="conflict_error", code="session_busy")
+    if isinstance(exc, CapacityError | EngineClosedError | StoreError):
+        return APIError(503, msg, type="server_error", code="unavailable",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, InvalidRequestError | ValueError):
+        return APIError(400, msg, param=_param_of(msg), code="invalid_value")
+    log.error("internal error", exc_info=exc)
+    return APIError(500, "internal server error", type="server_error", code="internal_error")
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a library error names: its first word when that is a field
+    (``stop[0] is empty`` -> ``stop``), else ``messages`` when it is about a message."""
+    m = re.match(r"([a-z_]+)", message)
+    if m and m.group(1) in ChatCompletionRequest.model_fields:
+        return m.group(1)
+    return "messages" if re.search(r"\bmessages?\b|\brole\b", message) else None

@@ -1,0 +1,39 @@
+"""Run the server: one engine, one manager, uvicorn on loopback unless told otherwise."""
+
+from __future__ import annotations
+
+import logging
+
+from suffixmem.server.serving import ServerConfig
+
+log = logging.getLogger(__name__)
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
+          model: str | None = None, database_url: str | None = None,
+          config: ServerConfig | None = None, max_model_len: int = 8192,
+          log_level: str = "info") -> None:
+    """Start the engine and manager, then serve until interrupted; both are closed on exit."""
+    import uvicorn
+
+    from suffixmem.conversation.manager import ConversationManager
+    from suffixmem.engine import create_engine
+    from suffixmem.server.app import create_app
+
+    options = {"max_model_len": max_model_len}
+    if model is not None:
+        options["model"] = model  # type: ignore[assignment]
+    eng = create_engine(engine, **options)
+    try:
+        mgr = ConversationManager(eng, database_url=database_url)
+        try:
+            mgr.detector()  # load the topic detector now, not inside the first request
+            app = create_app(mgr, config)
+            if host not in ("127.0.0.1", "localhost", "::1") and not (config and config.api_keys):
+                log.warning("serving on %s without an API key: anyone who can reach it can "
+                            "read every session", host)
+            uvicorn.run(app, host=host, port=port, log_level=log_level)
+        finally:
+            mgr.close()
+    finally:
+        eng.close()

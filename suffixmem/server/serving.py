@@ -1,0 +1,344 @@
+"""The serving logic behind the routes: OpenAI requests in, ConversationManager turns out.
+
+``ChatService`` knows nothing about HTTP routing; ``app`` maps routes onto it. Every turn goes
+through the manager (``astream_chat`` / ``astream_complete``), so sessions, the semantic
+temperature, prompt layout and atomic commits are the library's, not the server's.
+
+**Sessions.** The session is named by the ``X-Session-ID`` header, else ``prompt_cache_key``,
+else ``user``; without any the request is stateless (nothing stored). With a session the client
+may send either
+
+- the whole conversation, OpenAI style: reconciled with the stored history (appended when the
+  stored history is a prefix of it, otherwise replaced atomically with the turn); or
+- only the new message: a request holding exactly one user message (optionally after the
+  session's own system prompt) continues a session that already has history. To start such a
+  session over, ``DELETE /v1/sessions/{id}`` first.
+
+**Namespaces.** With API keys, every session id is stored as ``<namespace>.<id>``, the
+namespace a hash of the key, so one key can never read, continue or delete another's sessions
+(an id of another key is simply unknown: 404).
+
+**Admission.** At most ``max_pending`` turns run or wait at once; beyond that a request gets
+429 at once (with ``Retry-After``) instead of queueing without bound.
+
+**Disconnects.** The SSE generator closes the manager's stream when the client goes away (the
+close is shielded from the cancellation that announced it), which aborts the engine request; the
+manager stores nothing of a turn that did not finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from suffixmem.conversation.manager import ConversationManager, TurnResult
+from suffixmem.engine.protocol import Message, TokenEvent
+from suffixmem.errors import InvalidRequestError, UnknownSessionError
+from suffixmem.server.errors import APIError, to_api_error
+from suffixmem.server.protocol import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    Choice,
+    ChunkChoice,
+    Delta,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    TurnInfo,
+    Usage,
+)
+
+SESSION_HEADER = "X-Session-ID"
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """``api_keys``: accepted bearer keys (empty: no auth, one shared namespace);
+    ``max_body_bytes``: request bodies above this get 413; ``max_pending``: turns running or
+    waiting at once before 429; ``served_model_name``: the id in ``/v1/models`` (default: the
+    engine's model name); any other ``model`` in a request is 404."""
+
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_pending: int = 64
+    served_model_name: str | None = None
+    extra_model_names: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise InvalidRequestError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.max_pending < 1:
+            raise InvalidRequestError(f"max_pending must be >= 1, got {self.max_pending}")
+        if any(not k or not k.strip() for k in self.api_keys):
+            raise InvalidRequestError("api_keys must be non-empty strings")
+
+
+def namespace(api_key: str | None) -> str:
+    """The session-id prefix of ``api_key`` ("" when the server has no keys)."""
+    if api_key is None:
+        return ""
+    return "k" + hashlib.sha256(api_key.encode()).hexdigest()[:16] + "."
+
+
+def _text(i: int, m: ChatMessage) -> str:
+    if m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    parts = []
+    for j, p in enumerate(m.content):
+        if p.type != "text" or p.text is None:
+            raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported",
+                           param=f"messages[{i}].content")
+        parts.append(p.text)
+    return "".join(parts)
+
+
+class ChatService:
+    """OpenAI chat completions, models and sessions over one ``ConversationManager``."""
+
+    def __init__(self, manager: ConversationManager, config: ServerConfig | None = None) -> None:
+        self.manager = manager
+        self.config = config or ServerConfig()
+        self.model_name = self.config.served_model_name or manager.engine.model_name
+        self.pending = 0  # turns admitted and not finished (touched on the event loop only)
+
+    # -- models / health ------------------------------------------------------------------------
+    def models(self) -> ModelList:
+        names = (self.model_name, *self.config.extra_model_names)
+        return ModelList(data=[ModelCard(id=n, max_model_len=self.manager.engine.max_model_len)
+                               for n in names])
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "model": self.model_name, "pending": self.pending,
+                "max_pending": self.config.max_pending}
+
+    # -- sessions -------------------------------------------------------------------------------
+    @staticmethod
+    def session_id(ns: str, client_id: str | None, field_name: str) -> str | None:
+        """The stored id of ``client_id`` within namespace ``ns`` (validated; None: none)."""
+        if client_id is None:
+            return None
+        from suffixmem.conversation.validation import check_session_id
+
+        try:
+            check_session_id(client_id, field_name)
+        except InvalidRequestError as e:
+            raise APIError(400, str(e), param=field_name, code="invalid_value") from None
+        return ns + client_id
+
+    async def list_sessions(self, ns: str) -> dict[str, Any]:
+        infos = await asyncio.to_thread(self.manager.list_sessions)
+        data = [{"id": s.id[len(ns):], "title": s.title, "messages": s.message_count,
+                 "updated_at": s.updated_at.isoformat()} for s in infos if s.id.startswith(ns)]
+        return {"object": "list", "data": data}
+
+    async def get_session(self, ns: str, client_id: str) -> dict[str, Any]:
+        sid = self.session_id(ns, client_id, "session")
+        assert sid is not None
+
+        def read() -> dict[str, Any]:
+            info = self.manager.get_session(sid)
+            history = self.manager.history(sid)
+            stats = self.manager.stats(sid)
+            turns = self.manager.store.turn_events(sid)
+            return {
+                "id": client_id, "object": "session", "system_prompt": info.system_prompt,
+                "temperature": info.temperature, "created_at": info.created_at.isoformat(),
+                "messages": [{"role": m.role, "content": m.content} for m in history],
+                "turns": [{"prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
+                           "completion_tokens": t.output_tokens, "ttft_s": t.ttft_s,
+                           "temperature": t.temperature, "topic_jump": t.topic_jump}
+                          for t in turns],
+                "usage": {k: stats[k] for k in ("turns", "prompt_tokens", "cached_tokens",
+                                                "output_tokens", "hit_rate", "mean_ttft_s")},
+            }
+
+        return await asyncio.to_thread(read)
+
+    async def delete_session(self, ns: str, client_id: str) -> dict[str, Any]:
+        sid = self.session_id(ns, client_id, "session")
+        await asyncio.to_thread(self.manager.delete_session, sid)  # type: ignore[arg-type]
+        return {"id": client_id, "object": "session.deleted", "deleted": True}
+
+    # -- chat completions -----------------------------------------------------------------------
+    def _sampling(self, req: ChatCompletionRequest) -> dict[str, Any]:
+        if req.n != 1:
+            raise APIError(400, "n must be 1", param="n")
+        if req.tools:
+            raise APIError(400, "tools are not supported", param="tools")
+        if req.model is not None and req.model not in (self.model_name,
+                                                       *self.config.extra_model_names):
+            raise APIError(404, f"model {req.model!r} is not served here; see /v1/models",
+                           param="model", code="model_not_found")
+        stop = req.stop
+        sampling: dict[str, Any] = {
+            "max_tokens": req.max_completion_tokens if req.max_completion_tokens is not None
+            else req.max_tokens,
+            "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+            "stop": tuple(stop) if isinstance(stop, list) else stop, "seed": req.seed,
+            "ignore_eos": req.ignore_eos,
+        }
+        fmt = req.response_format
+        if fmt is not None and fmt.type == "json_object":
+            sampling["json_schema"] = {"type": "object"}
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise APIError(400, "response_format.json_schema.schema is required",
+                               param="response_format")
+            sampling["json_schema"] = fmt.json_schema.schema_
+        return sampling
+
+    async def _events(self, req: ChatCompletionRequest, sid: str | None
+                      ) -> AsyncIterator[TokenEvent | TurnResult]:
+        """The manager's event stream for ``req`` (chat for a new message only, else
+        complete); raises before any event for bad input."""
+        if not req.messages:
+            raise APIError(400, "messages must not be empty", param="messages")
+        msgs = [Message(m.role, _text(i, m)) for i, m in enumerate(req.messages)]
+        sampling = self._sampling(req)
+        schema = "json_schema" in sampling and sampling["json_schema"] is not None
+        if sid is not None and await asyncio.to_thread(self._new_message_only, sid, msgs):
+            return self.manager.astream_chat(sid, msgs[-1].content, **sampling)
+        return self.manager.astream_complete(sid, msgs, show_schema=schema, **sampling)
+
+    def _new_message_only(self, sid: str, msgs: list[Message]) -> bool:
+        body = msgs[1:] if msgs and msgs[0].role == "system" else msgs
+        if len(body) != 1 or body[0].role != "user":
+            return False
+        try:
+            info = self.manager.get_session(sid)
+        except UnknownSessionError:
+            return False
+        if info.message_count == 0:
+            return False
+        return len(body) == len(msgs) or msgs[0].content == (info.system_prompt or "")
+
+    def _admit(self) -> None:
+        if self.pending >= self.config.max_pending:
+            raise APIError(429, f"the server is busy ({self.pending} requests in flight); "
+                           "retry shortly", type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"})
+        self.pending += 1
+
+    async def complete(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None,
+                       disconnected: Callable[[], Awaitable[bool]] | None = None
+                       ) -> ChatCompletion | None:
+        """The whole turn; None if ``disconnected()`` turned true first (the turn was aborted
+        and nothing stored: there is nobody left to answer)."""
+        self._admit()
+        events = None
+        try:
+            events = await self._events(req, sid)
+            drain = asyncio.ensure_future(_last(events))
+            while not drain.done():
+                await asyncio.wait({drain}, timeout=0.25)
+                if not drain.done() and disconnected is not None and await disconnected():
+                    drain.cancel()  # aborts the engine request: the manager closes the turn
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await drain
+                    return None
+            turn = drain.result()
+        except Exception as e:
+            raise to_api_error(e) from e
+        finally:
+            self.pending -= 1
+            if events is not None:
+                with anyio.CancelScope(shield=True):
+                    await events.aclose()
+        return ChatCompletion(
+            id=f"chatcmpl-{uuid.uuid4().hex}", model=self.model_name,
+            choices=[Choice(message=AssistantMessage(content=turn.text),
+                            finish_reason=turn.finish_reason)],
+            usage=_usage(turn), suffixmem=_info(turn, client_id))
+
+    async def stream(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None
+                     ) -> AsyncIterator[str]:
+        """Admit and validate now (errors become an HTTP status), then the SSE lines."""
+        self._admit()
+        events = None
+        try:
+            events = await self._events(req, sid)
+            # the manager validates on the first step: wait for it so bad input is a 400
+            first = await anext(events)
+        except BaseException as e:
+            self.pending -= 1
+            if events is not None:
+                with anyio.CancelScope(shield=True):
+                    await events.aclose()
+            if isinstance(e, StopAsyncIteration | Exception):
+                raise to_api_error(e) from e
+            raise
+        return self._sse(first, events, req, client_id)
+
+    async def _sse(self, first: TokenEvent | TurnResult, events: Any,
+                   req: ChatCompletionRequest, client_id: str | None) -> AsyncIterator[str]:
+        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        usage = req.stream_options is not None and req.stream_options.include_usage
+
+        def chunk(**kw: Any) -> str:
+            c = ChatCompletionChunk(id=cid, model=self.model_name, **kw)
+            return f"data: {c.model_dump_json(exclude_none=True)}\n\n"
+
+        try:
+            yield chunk(choices=[ChunkChoice(delta=Delta(role="assistant", content=""))])
+            turn: TurnResult | None = None
+            async for e in _chain(first, events):
+                if isinstance(e, TurnResult):
+                    turn = e
+                elif e.text:
+                    yield chunk(choices=[ChunkChoice(delta=Delta(content=e.text))])
+            assert turn is not None
+            yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=turn.finish_reason)],
+                        suffixmem=_info(turn, client_id))
+            if usage:
+                yield chunk(choices=[], usage=_usage(turn))
+        except Exception as e:  # mid-stream: the turn was not stored; say so in the stream
+            err = to_api_error(e)
+            yield f"data: {json.dumps({'error': err.body.model_dump()})}\n\n"
+        finally:
+            self.pending -= 1
+            # the client may be gone: the cancellation that said so must not cancel the abort
+            with anyio.CancelScope(shield=True):
+                await events.aclose()
+        yield "data: [DONE]\n\n"
+
+
+async def _last(events: AsyncIterator[Any]) -> TurnResult:
+    turn = None
+    async for e in events:
+        if isinstance(e, TurnResult):
+            turn = e
+    if turn is None:
+        raise RuntimeError("the turn ended without a result")
+    return turn
+
+
+async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for e in rest:
+        yield e
+
+
+def _usage(turn: TurnResult) -> Usage:
+    out = len(turn.token_ids)
+    return Usage(prompt_tokens=turn.prompt_tokens, completion_tokens=out,
+                 total_tokens=turn.prompt_tokens + out,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=turn.cached_tokens))
+
+
+def _info(turn: TurnResult, client_id: str | None) -> TurnInfo:
+    return TurnInfo(session_id=client_id, history=turn.history, ttft_s=turn.ttft_s,
+                    latency_s=turn.latency_s, temperature=turn.temperature,
+                    topic_jump=turn.topic_jump)

@@ -1,0 +1,113 @@
+"""Bad requests get OpenAI-shaped errors with the right status, through the real server and
+the official client; the server's own limits (body size, queue) answer 413 and 429."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import httpx
+import pytest
+
+from tests.server.conftest import KEY_A, Server, start
+
+openai = pytest.importorskip("openai")
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+AUTH = {"Authorization": f"Bearer {KEY_A}"}
+
+
+def post(server: Server, body: object, headers: dict[str, str] | None = None,
+         raw: bytes | None = None) -> httpx.Response:
+    return httpx.post(server.url + "/v1/chat/completions",
+                      content=raw if raw is not None else json.dumps(body).encode(),
+                      headers={**AUTH, "Content-Type": "application/json", **(headers or {})},
+                      timeout=60)
+
+
+def error_of(r: httpx.Response, status: int) -> dict[str, object]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert "\n" not in body["error"]["message"]
+    return body["error"]
+
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("body", "param", "word"), [
+    ({"messages": USER, "temperature": "hot"}, "temperature", "temperature"),
+    ({"messages": USER, "temperature": -1}, "temperature", "temperature"),
+    ({"messages": USER, "max_tokens": 0}, "max_tokens", "max_tokens"),
+    ({"messages": []}, "messages", "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages", "role"),
+    ({"messages": USER, "n": 2}, "n", "n"),
+    ({"messages": USER, "stop": [""]}, "stop", "stop"),
+    ({"messages": "hello"}, "messages", "messages"),
+    ({}, "messages", "messages"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_input_is_400(server: Server, body: dict, param: str | None, word: str,
+                          stream: bool) -> None:
+    before = len(server.manager.list_sessions())  # type: ignore[attr-defined]
+    err = error_of(post(server, {**body, "stream": stream},
+                        {"X-Session-ID": f"bad-{uuid.uuid4().hex[:6]}"}), 400)
+    assert err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param
+    assert word in str(err["message"])
+    assert len(server.manager.list_sessions()) == before  # type: ignore[attr-defined]
+
+
+def test_other_statuses(server: Server) -> None:
+    e = error_of(post(server, {"messages": USER}, {"Authorization": "Bearer nope"}), 401)
+    assert e["code"] == "invalid_api_key"
+    error_of(httpx.get(server.url + "/v1/models"), 401)
+    e = error_of(post(server, {"model": "gpt-4o", "messages": USER}), 404)
+    assert e["param"] == "model" and e["code"] == "model_not_found"
+    e = error_of(httpx.get(server.url + "/v1/sessions/nobody-here", headers=AUTH), 404)
+    assert e["code"] == "session_not_found"
+    e = error_of(post(server, {"messages": USER}, {"X-Session-ID": "x" * 300}), 400)
+    assert e["param"] == "X-Session-ID"
+    big = {"messages": [{"role": "user", "content": "a" * 70_000}]}
+    assert error_of(post(server, big), 413)["code"] == "request_too_large"
+    error_of(post(server, None, raw=b"{not json"), 400)
+    error_of(httpx.get(server.url + "/v1/nothing", headers=AUTH), 404)
+
+
+def test_openai_client_raises_typed_errors(server: Server) -> None:
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=server.model, messages=USER, temperature=7)
+    assert e.value.body["param"] == "temperature"  # type: ignore[index]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong",
+                      max_retries=0).models.list()
+
+
+def test_queue_full_is_429(server: Server) -> None:
+    """With room for one request, a second one while the first streams is refused at once."""
+    from suffixmem.server import ServerConfig, create_app
+
+    app = create_app(server.manager, ServerConfig(max_pending=1))  # type: ignore[arg-type]
+    uv, thread, url = start(app)
+    try:
+        long = {"messages": [{"role": "user", "content": "Write a long story."}],
+                "max_tokens": 200, "ignore_eos": True, "stream": True, "temperature": 0}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=long, timeout=60) as r:
+            assert r.status_code == 200
+            r2 = httpx.post(url + "/v1/chat/completions", json={"messages": USER}, timeout=60)
+            e = error_of(r2, 429)
+            assert e["code"] == "queue_full" and r2.headers["retry-after"] == "1"
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        assert app.state.service.pending == 0
+        ok = httpx.post(url + "/v1/chat/completions",
+                        json={"messages": USER, "max_tokens": 4}, timeout=60)
+        assert ok.status_code == 200, ok.text
+    finally:
+        uv.should_exit = True  # type: ignore[attr-defined]
+        thread.join(30)

@@ -1,0 +1,105 @@
+"""The official ``openai`` client against ``suffixmem serve``: sync, async and streaming, with
+cached tokens rising within a session, both history styles, and stateless requests."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import httpx
+import pytest
+
+from suffixmem.server.serving import namespace
+from tests.server.conftest import KEY_A, Server
+
+openai = pytest.importorskip("openai")
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+SYSTEM = "You are a terse assistant. Answer in one short sentence."
+
+
+def client(server: Server, key: str = KEY_A) -> object:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+
+def test_models_and_health(server: Server) -> None:
+    models = client(server).models.list()  # type: ignore[attr-defined]
+    assert [m.id for m in models.data] == [server.model]
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == server.model
+
+
+def test_sync_full_history_cached_tokens_rise(server: Server) -> None:
+    """OpenAI style: the client resends the whole conversation; the server appends it to the
+    stored session and the shared prefix is served from the cache."""
+    c = client(server)
+    sid = f"sync-{uuid.uuid4().hex[:8]}"
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Name a planet of the solar system."}]
+    cached, prompts = [], []
+    for question in ("And a moon of that planet?", "How far is it from the Sun?"):
+        r = c.chat.completions.create(  # type: ignore[attr-defined]
+            model=server.model, messages=msgs, max_tokens=12, temperature=0,
+            extra_headers={"X-Session-ID": sid})
+        assert r.choices[0].message.content
+        assert r.usage.prompt_tokens_details is not None
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        prompts.append(r.usage.prompt_tokens)
+        assert 0 < r.usage.completion_tokens <= 12
+        assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": question}]
+    assert prompts[1] > prompts[0]
+    assert cached[1] > cached[0] and cached[1] >= 32
+    stored = server.manager.history(namespace(KEY_A) + sid)  # type: ignore[attr-defined]
+    assert [m.role for m in stored] == ["user", "assistant", "user", "assistant"]
+
+
+def test_streaming_new_message_only_with_usage(server: Server) -> None:
+    """The client sends only the new message (``prompt_cache_key`` names the session); the
+    server keeps the history; usage arrives in a final chunk with no choices."""
+    c = client(server)
+    key = f"stream-{uuid.uuid4().hex[:8]}"
+    cached, texts = [], []
+    for text in ("Tell me a fact about cats.", "And one about dogs?", "Which is bigger?"):
+        stream = c.chat.completions.create(  # type: ignore[attr-defined]
+            model=server.model, messages=[{"role": "user", "content": text}],
+            max_tokens=16, temperature=0, stream=True, prompt_cache_key=key,
+            stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert content
+        assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
+        texts.append(content)
+        cached.append(chunks[-1].usage.prompt_tokens_details.cached_tokens)
+    assert cached[0] < cached[1] < cached[2]
+    r = httpx.get(f"{server.url}/v1/sessions/{key}",
+                                headers={"Authorization": f"Bearer {KEY_A}"}).json()
+    assert [m["content"] for m in r["messages"] if m["role"] == "assistant"] == texts
+    assert [t["cached_tokens"] for t in r["turns"]] == cached
+    assert r["usage"]["turns"] == 3
+
+
+def test_async_client_and_stateless(server: Server) -> None:
+    async def run() -> tuple[list[int], int]:
+        c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY_A, max_retries=0)
+        sid = f"async-{uuid.uuid4().hex[:8]}"
+        cached = []
+        for text in ("Say hello.", "Say goodbye."):
+            r = await c.chat.completions.create(
+                model=server.model, messages=[{"role": "user", "content": text}],
+                max_tokens=8, temperature=0, user=sid)
+            cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        # two sessions at once stream independently
+        a, b = await asyncio.gather(*(c.chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": f"Count to {n}."}],
+            max_tokens=8, temperature=0) for n in (3, 4)))
+        assert a.choices[0].message.content and b.choices[0].message.content
+        await c.close()
+        return cached, len(server.manager.list_sessions())  # type: ignore[attr-defined]
+
+    before = len(server.manager.list_sessions())  # type: ignore[attr-defined]
+    cached, after = asyncio.run(run())
+    assert cached[1] > cached[0]
+    assert after == before + 1  # the stateless requests stored no session

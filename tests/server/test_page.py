@@ -1,0 +1,77 @@
+"""The web chat page in a real headless Chromium (Debian's package, driven by Playwright):
+two messages, streamed replies, the cached-token count rising on the second turn, the TTFT
+chart and the session list; a screenshot goes to results/serve/page.png.
+
+Needs the browser: ``scripts/chromium`` installs it when missing (the test calls it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from suffixmem.server.serving import namespace
+from tests.server.conftest import KEY_A, Server
+
+pytest.importorskip("playwright")
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium() -> str:
+    found = shutil.which("chromium")
+    if found:
+        return found
+    out = subprocess.run([str(ROOT / "scripts" / "chromium")], capture_output=True, text=True,
+                         check=True, timeout=900)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_page_two_turns(server: Server, tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=chromium(), headless=True, args=FLAGS,
+            viewport={"width": 1100, "height": 720})
+        try:
+            page = browser.new_page()
+            page.goto(server.url + "/")
+            page.fill("#api-key", KEY_A)
+            page.dispatch_event("#api-key", "change")
+            page.keyboard.press("Alt+n")  # keyboard: new chat
+            replies = page.locator(".msg.assistant")
+            chunks = []
+            for n, text in enumerate(("Hello! Name three fruits.", "Which one is yellow?"), 1):
+                page.fill("#input", text)
+                page.press("#input", "Enter")
+                # streaming: the reply is on the page (growing) before the turn's figures are
+                reply = replies.nth(n - 1)
+                expect(reply.locator(".text")).not_to_have_text("", timeout=60_000)
+                expect(reply.locator(".stats")).to_have_count(1, timeout=120_000)
+                # the reply arrived as many SSE deltas, each appended as it came
+                chunks.append(int(reply.get_attribute("data-chunks") or 0))
+            stats = page.locator(".msg.assistant .stats")
+            cached = [int(stats.nth(i).get_attribute("data-cached") or -1) for i in range(2)]
+            prompt = [int(stats.nth(i).get_attribute("data-prompt") or -1) for i in range(2)]
+            assert min(chunks) > 1
+            assert cached[1] > cached[0] >= 0
+            assert prompt[1] > prompt[0] > 0
+            assert "cached" in stats.nth(1).inner_text() and "TTFT" in stats.nth(1).inner_text()
+            expect(page.locator("#ttft-chart rect")).to_have_count(2)
+            expect(page.locator("#sessions button")).not_to_have_count(0)
+            sid = page.locator("#session-label").inner_text().split()[-1]
+            stored = server.manager.history(namespace(KEY_A) + sid)  # type: ignore[attr-defined]
+            texts = [replies.nth(i).locator(".text").inner_text() for i in range(2)]
+            assert [m.content.strip() for m in stored if m.role == "assistant"] == \
+                [t.strip() for t in texts]
+            out = ROOT / "results" / "serve"
+            out.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(out / "page.png"))
+        finally:
+            browser.close()
