@@ -46,6 +46,8 @@ class EngineOptions:
     kv_cache_gib: float = 1.0
     max_tokens: int = 32
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    kv_tier: bool = False  # suffixmem configurations: keep evicted KV on disk
+    state_dir: str | None = None  # survives a restart: the database and the KV tier
 
 
 class ChatConfig:
@@ -58,6 +60,15 @@ class ChatConfig:
 
     def turn(self, session: int, text: str) -> TurnOutcome:
         raise NotImplementedError
+
+    def resume(self, session: int, system_prompt: str, turns: Sequence[tuple[str, str]]) -> None:
+        """Continue ``session`` in a new process after ``turns`` (user, reply) pairs."""
+        raise NotImplementedError
+
+    def tier_stats(self) -> dict[str, Any]:
+        """KV tier figures (``tier_hits``, ``tier_misses``, ``tier_bytes``, ``tier_load_ms``);
+        empty when the configuration has no tier."""
+        return {}
 
     def kv_memory(self) -> dict[str, float]:
         """``kv_pool_mb``: memory set aside for KV (allocated pool, or the largest transient
@@ -142,6 +153,11 @@ class VLLMHistory(ChatConfig):
     def open(self, session: int, system_prompt: str) -> None:
         self.chat.open(session, system_prompt)
 
+    def resume(self, session: int, system_prompt: str, turns: Sequence[tuple[str, str]]) -> None:
+        self.chat.open(session, system_prompt)
+        for user, reply in turns:
+            self.chat.append(session, user, reply)
+
     def turn(self, session: int, text: str) -> TurnOutcome:
         from suffixmem.engine.protocol import Request, Result, SamplingParams, TokenEvent
 
@@ -224,6 +240,11 @@ class TransformersGenerate(ChatConfig):
 
     def open(self, session: int, system_prompt: str) -> None:
         self.chat.open(session, system_prompt)
+
+    def resume(self, session: int, system_prompt: str, turns: Sequence[tuple[str, str]]) -> None:
+        self.chat.open(session, system_prompt)
+        for user, reply in turns:
+            self.chat.append(session, user, reply)
 
     def turn(self, session: int, text: str) -> TurnOutcome:
         import torch
