@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from click.core import ParameterSource
 from rich.console import Console
@@ -257,6 +256,7 @@ def register(bench: typer.Typer) -> None:
 
     @bench.command("chat")
     def chat(
+        ctx: typer.Context,
         configs: str = typer.Option(",".join(DEFAULT_CONFIGS),
                                     help=f"Comma-separated subset of: {', '.join(CONFIGS)}."),
         sessions: int = typer.Option(4, min=1, help="Sessions (S)."),
@@ -293,7 +293,6 @@ def register(bench: typer.Typer) -> None:
                                      "or returning")
         t0 = time.perf_counter()
         if workload == "returning":
-            ctx = click.get_current_context()
             given = {p for p in ("configs", "sessions", "turns", "kv_cache_gib")
                      if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
             report, turns_log = run_returning_chat(
