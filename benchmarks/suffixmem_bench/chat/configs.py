@@ -27,6 +27,7 @@ from suffixmem_bench.chat.peers import (
     VLLMHistory,
     kv_bytes_per_token,
     vllm_held_blocks,
+    vllm_pool_extra,
 )
 
 
@@ -45,6 +46,8 @@ class SuffixmemChat(ChatConfig):
         flags: dict[str, Any] = {"segment_reuse": True} if segments else {}
         if engine == "torch":  # it sets torch's thread count itself (vLLM reads OMP_NUM_THREADS)
             flags["extra"] = {"num_threads": options.threads}
+        if engine == "vllm":
+            flags.update(vllm_pool_extra(options))
         if options.kv_tier:
             flags["kv_tier"] = True
             if options.state_dir:

@@ -121,7 +121,7 @@ def run_returning(*, configs: tuple[str, ...] = CONFIGS, options: EngineOptions,
         for name in configs:
             state = Path(tmp) / name
             state.mkdir()
-            opts = replace(options, kv_tier=True, state_dir=str(state))
+            opts = replace(options, kv_tier=True, state_dir=str(state), exact_pool=True)
             first, rec1 = run_one(name, workload, opts, timeout_s=timeout_s, on_event=on_event,
                                   log_dir=Path(tmp), rounds=(0, cut), tag="-1")
             if first["status"] != "ok" or cut >= workload.num_turns:
