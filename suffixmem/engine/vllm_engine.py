@@ -128,7 +128,7 @@ class VLLMEngine(BaseEngine):
                                 kv_role="kv_both", kv_connector_extra_config=self._tier_extra)
 
     @property
-    def tier(self) -> Any:
+    def kv_tier(self) -> Any:
         """The process's ``KVTier`` of this engine (None without ``kv_tier``)."""
         if self._tier_extra is None:
             return None
@@ -148,7 +148,7 @@ class VLLMEngine(BaseEngine):
     def delete_session_kv(self, session_key: str) -> int:
         """Delete the session's KV tier files; returns how many. (vLLM's own prefix cache
         keeps its salted blocks until they age out: they are never shared.)"""
-        tier = self.tier
+        tier = self.kv_tier
         if tier is None:
             return 0
         return int(self.run_in_driver(lambda e: tier.delete_session(session_key)))

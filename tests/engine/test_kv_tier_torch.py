@@ -72,7 +72,7 @@ def test_evicted_session_is_restored_from_the_tier(tmp_path: Path) -> None:
         gen(engine, b, "bob")
         gen(engine, c, "carol")  # the pool cannot hold alice's blocks any more
         assert pool_hit(engine, a, "alice") < full_blocks(a)
-        assert engine.tier.tier.session_files("alice")
+        assert engine.kv_tier.session_files("alice")
 
         again = gen(engine, a, "alice")
         assert again.text == first.text and again.token_ids == first.token_ids
@@ -90,8 +90,8 @@ def test_evicted_session_is_restored_from_the_tier(tmp_path: Path) -> None:
 
         # deleting the session removes its files and its cached blocks
         assert engine.delete_session_kv("alice") > 0
-        assert engine.tier.tier.session_files("alice") == []
-        assert not engine.tier.tier.session_dir("alice").exists()
+        assert engine.kv_tier.session_files("alice") == []
+        assert not engine.kv_tier.session_dir("alice").exists()
         assert gen(engine, a, "alice").cached_tokens == 0
     finally:
         engine.close()
@@ -142,7 +142,7 @@ def test_new_process_restores_and_a_flipped_byte_is_recomputed(tmp_path: Path) -
     # flip one byte in the file of alice's third block: blocks 0-1 load, the rest recomputes
     engine = create_engine("torch", **opts)
     try:
-        third = engine.tier.tier.session_dir("alice") / f"{engine.tier.tier.key(hashes[2])}.kv"
+        third = engine.kv_tier.session_dir("alice") / f"{engine.kv_tier.key(hashes[2])}.kv"
         data = bytearray(third.read_bytes())
         data[len(data) // 3] ^= 0x10
         third.write_bytes(bytes(data))
@@ -164,7 +164,7 @@ def test_tier_keeps_its_byte_budget(tmp_path: Path) -> None:
     try:
         for topic, session in zip(TOPICS, ("alice", "bob", "carol"), strict=True):
             gen(engine, prompt_ids(engine, topic), session)
-        tier = engine.tier.tier
+        tier = engine.kv_tier
         budget = int(budget_gib * (1 << 30))
         assert tier.stats.writes > 11 and tier.stats.evictions > 0
         assert 0 < tier.num_bytes <= budget

@@ -69,7 +69,7 @@ def test_vllm_tier_restore_isolation_restart_corruption_delete(tmp_path: Path) -
         ids = prompt_ids(engine)
         first = gen(engine, ids, "alice")
         assert first.cached_tokens == 0
-        tier = engine.tier
+        tier = engine.kv_tier
         assert len(tier.session_files("alice")) == len(ids) // BS  # written when it finished
         # vLLM's pool forgets the session (as eviction would); the tier brings it back
         assert engine.reset_prefix_cache() == 1

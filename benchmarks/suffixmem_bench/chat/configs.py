@@ -104,10 +104,9 @@ class SuffixmemChat(ChatConfig):
         self.open(session, system_prompt)
 
     def tier_stats(self) -> dict[str, Any]:
-        hook = getattr(self.engine, "tier", None)
-        if hook is None:
+        tier = getattr(self.engine, "kv_tier", None)
+        if tier is None:
             return {}
-        tier = hook.tier
         return {"tier_hits": tier.stats.hits, "tier_misses": tier.stats.misses,
                 "tier_bytes": tier.num_bytes, "tier_load_ms": list(tier.stats.load_ms or [])}
 

@@ -26,6 +26,7 @@ import torch
 from suffixmem.config import EngineConfig
 from suffixmem.detokenizer import Detokenizer
 from suffixmem.engine.base import BaseEngine
+from suffixmem.engine.kv_tier import KVTier
 from suffixmem.engine.protocol import (
     EngineStats,
     Request,
@@ -180,6 +181,11 @@ class TorchEngine(BaseEngine):
     def run_forward(self, inputs: Seq[SeqInput], entropy_layers: Seq[int] = ()) -> RunOutput:
         """The runner's generic forward (see ``ModelRunner.forward``)."""
         return self.runner.forward(inputs, entropy_layers)
+
+    @property
+    def kv_tier(self) -> KVTier | None:
+        """The engine's ``KVTier`` (None without ``EngineConfig.kv_tier``)."""
+        return self.tier.tier if self.tier is not None else None
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block not in use; returns how many."""
