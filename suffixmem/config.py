@@ -41,6 +41,11 @@ def suffixmem_home() -> Path:
     return home
 
 
+def kv_tier_dir(configured: str | None = None) -> Path:
+    """Where the KV tier keeps its files: ``configured``, else ``$SUFFIXMEM_HOME/kv``."""
+    return Path(configured).expanduser() if configured else suffixmem_home() / "kv"
+
+
 def default_database_url() -> str:
     """SQLite file under ``suffixmem_home()``, unless ``$SUFFIXMEM_DATABASE_URL`` is set."""
     env = os.environ.get("SUFFIXMEM_DATABASE_URL")
@@ -96,6 +101,10 @@ class EngineConfig:
     - ``dtype``: ``bfloat16`` (default), ``float32`` or ``float16`` (CUDA only).
     - ``segment_reuse``: (torch engine) keep a segment cache so that marked segments of a prompt
       (``Request.segments``) are reused at new positions when a request sets ``exact=False``.
+    - ``kv_tier``: keep KV blocks that leave the pool on disk and load them back when their
+      session returns, also after a restart (see docs/kv-tier.md). ``kv_tier_dir`` (default
+      ``$SUFFIXMEM_HOME/kv``), ``kv_tier_gib`` (byte budget) and ``kv_tier_policy`` (a
+      ``suffixmem.retention`` policy name) configure it.
     """
 
     model: str = DEFAULT_MODEL
@@ -110,6 +119,10 @@ class EngineConfig:
     enforce_eager: bool | None = None
     seed: int = 0
     segment_reuse: bool = False
+    kv_tier: bool = False
+    kv_tier_dir: str | None = None
+    kv_tier_gib: float = 4.0
+    kv_tier_policy: str = "pinned-lru"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -123,6 +136,8 @@ class EngineConfig:
             raise ConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
         if self.kv_cache_gib <= 0:
             raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if isinstance(self.kv_tier_gib, bool) or not self.kv_tier_gib > 0:
+            raise ConfigError(f"kv_tier_gib must be > 0, got {self.kv_tier_gib!r}")
         if self.dtype not in ("bfloat16", "float32", "float16"):
             raise ConfigError(
                 f"unknown dtype {self.dtype!r}; expected 'bfloat16', 'float32' or 'float16'"

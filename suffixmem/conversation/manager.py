@@ -135,6 +135,10 @@ class ConversationManager:
             self.store.delete_session(session_id)
             self._forget(session_id)
         self._release(session_id)
+        try:  # the history is gone; KV files left behind would only waste the tier's budget
+            self.engine.delete_session_kv(session_id)
+        except Exception:
+            log.warning("deleting the KV of session %s failed", session_id, exc_info=True)
 
     def history(self, session_id: str) -> list[Message]:
         """Committed messages in order; assistant messages carry their generated token ids."""

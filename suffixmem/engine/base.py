@@ -217,6 +217,10 @@ class BaseEngine(ABC):
         """Drop the session's cached segments; returns how many (0: no segment cache)."""
         return 0
 
+    def delete_session_kv(self, session_key: str) -> int:
+        """Forget a deleted session's KV tier files; returns how many (0: no tier)."""
+        return 0
+
     @abstractmethod
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix block not in use (runs in the driver thread)."""

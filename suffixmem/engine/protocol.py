@@ -350,6 +350,11 @@ class Engine(Protocol):
         """Drop the session's cached segments; returns how many (0 without a segment cache)."""
         ...
 
+    def delete_session_kv(self, session_key: str) -> int:
+        """Forget the KV a deleted session left behind (its disk-tier files, and on engines that
+        can, its cached blocks); returns the tier files removed (0 without a tier)."""
+        ...
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix block not in use; returns how many (or 1/0 when the
         backend only says whether it succeeded)."""

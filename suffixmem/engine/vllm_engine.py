@@ -102,6 +102,9 @@ class VLLMEngine(BaseEngine):
             args["max_num_batched_tokens"] = config.max_num_batched_tokens
         if on_cuda:
             args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * (1 << 30))
+        self._tier_extra: dict[str, Any] | None = None
+        if config.kv_tier:
+            args["kv_transfer_config"] = self._tier_transfer_config(config)
         args.update(config.extra)
         self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
         with VLLMEngine._live_lock:
@@ -114,6 +117,50 @@ class VLLMEngine(BaseEngine):
                                             * per_token)
 
         self._start_driver("suffixmem-vllm")
+
+    def _tier_transfer_config(self, config: EngineConfig) -> Any:
+        """vLLM's ``kv_transfer_config`` for our tier connector (vllm_tier_connector.py)."""
+        from vllm.config import KVTransferConfig
+
+        from suffixmem.config import kv_tier_dir
+        from suffixmem.engine.kv_tier import model_fingerprint
+
+        self._tier_extra = {
+            "tier_dir": str(kv_tier_dir(config.kv_tier_dir)),
+            "fingerprint": model_fingerprint(self.model_path, "vllm", config.dtype,
+                                             self.block_size),
+            "budget_bytes": int(config.kv_tier_gib * (1 << 30)),
+            "policy": config.kv_tier_policy,
+        }
+        return KVTransferConfig(kv_connector="SuffixmemTierConnector",
+                                kv_connector_module_path="suffixmem.engine.vllm_tier_connector",
+                                kv_role="kv_both", kv_connector_extra_config=self._tier_extra)
+
+    @property
+    def kv_tier(self) -> Any:
+        """The process's ``KVTier`` of this engine (None without ``kv_tier``)."""
+        if self._tier_extra is None:
+            return None
+        from suffixmem.engine.vllm_tier_connector import shared_tier
+
+        return shared_tier(self._tier_extra).tier
+
+    def stats(self) -> Any:
+        s = super().stats()
+        if self._tier_extra is not None:
+            from suffixmem.engine.vllm_tier_connector import shared_tier
+
+            shared = shared_tier(self._tier_extra)
+            s.extra.update(shared.tier.summary(), tier_loaded_tokens=shared.loaded_tokens)
+        return s
+
+    def delete_session_kv(self, session_key: str) -> int:
+        """Delete the session's KV tier files; returns how many. (vLLM's own prefix cache
+        keeps its salted blocks until they age out: they are never shared.)"""
+        tier = self.kv_tier
+        if tier is None:
+            return 0
+        return int(self.run_in_driver(lambda e: tier.delete_session(session_key)))
 
     # -- the driver thread (see engine/base.py) -------------------------------------------------
     def _add(self, rid: str, payload: Any) -> None:
@@ -226,3 +273,7 @@ class VLLMEngine(BaseEngine):
                 except Exception:  # best effort at teardown
                     log.debug("vLLM shutdown failed", exc_info=True)
         self._engine = None
+        if getattr(self, "_tier_extra", None) is not None:
+            from suffixmem.engine.vllm_tier_connector import release_tier
+
+            release_tier(self._tier_extra)

@@ -27,6 +27,7 @@ from suffixmem_bench.chat.peers import (
     VLLMHistory,
     kv_bytes_per_token,
     vllm_held_blocks,
+    vllm_pool_extra,
 )
 
 
@@ -45,6 +46,12 @@ class SuffixmemChat(ChatConfig):
         flags: dict[str, Any] = {"segment_reuse": True} if segments else {}
         if engine == "torch":  # it sets torch's thread count itself (vLLM reads OMP_NUM_THREADS)
             flags["extra"] = {"num_threads": options.threads}
+        if engine == "vllm":
+            flags.update(vllm_pool_extra(options))
+        if options.kv_tier:
+            flags["kv_tier"] = True
+            if options.state_dir:
+                flags["kv_tier_dir"] = str(Path(options.state_dir) / "kv")
         self.engine = create_engine(engine, model=options.model,
                                     max_model_len=options.max_model_len,
                                     kv_cache_gib=options.kv_cache_gib, **flags)
@@ -54,7 +61,10 @@ class SuffixmemChat(ChatConfig):
         self._recorded = threading.local()
         self._wrap_stream()
         self._tmp = tempfile.TemporaryDirectory(prefix="suffixmem-bench-")
-        url = f"sqlite:///{Path(self._tmp.name) / 'bench.db'}"
+        # with a state folder the database outlives this process (the returning workload)
+        db = Path(options.state_dir) / f"{name}.db" if options.state_dir else \
+            Path(self._tmp.name) / "bench.db"
+        url = f"sqlite:///{db}"
         self.manager = ConversationManager(self.engine, database_url=url,
                                            config=manager_config(segments))
         # The topic detector loads on first use (and is trained once per installation, which
@@ -85,9 +95,20 @@ class SuffixmemChat(ChatConfig):
         self._recorded_ids = recorded_ids
 
     def open(self, session: int, system_prompt: str) -> None:
-        info = self.manager.open_session(None, title=f"bench session {session}",
+        info = self.manager.open_session(f"bench-{session}", title=f"bench session {session}",
                                          system_prompt=system_prompt or None)
         self.sessions[session] = info.id
+
+    def resume(self, session: int, system_prompt: str, turns: Any) -> None:
+        # the database kept the history: reopening returns the stored session unchanged
+        self.open(session, system_prompt)
+
+    def tier_stats(self) -> dict[str, Any]:
+        tier = getattr(self.engine, "kv_tier", None)
+        if tier is None:
+            return {}
+        return {"tier_hits": tier.stats.hits, "tier_misses": tier.stats.misses,
+                "tier_bytes": tier.num_bytes, "tier_load_ms": list(tier.stats.load_ms or [])}
 
     def turn(self, session: int, text: str) -> TurnOutcome:
         t0 = time.perf_counter()

@@ -46,6 +46,9 @@ class EngineOptions:
     kv_cache_gib: float = 1.0
     max_tokens: int = 32
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    kv_tier: bool = False  # suffixmem configurations: keep evicted KV on disk
+    state_dir: str | None = None  # survives a restart: the database and the KV tier
+    exact_pool: bool = False  # cap vLLM's pool at kv_cache_gib (vLLM on CPU rounds to GiB)
 
 
 class ChatConfig:
@@ -59,6 +62,15 @@ class ChatConfig:
     def turn(self, session: int, text: str) -> TurnOutcome:
         raise NotImplementedError
 
+    def resume(self, session: int, system_prompt: str, turns: Sequence[tuple[str, str]]) -> None:
+        """Continue ``session`` in a new process after ``turns`` (user, reply) pairs."""
+        raise NotImplementedError
+
+    def tier_stats(self) -> dict[str, Any]:
+        """KV tier figures (``tier_hits``, ``tier_misses``, ``tier_bytes``, ``tier_load_ms``);
+        empty when the configuration has no tier."""
+        return {}
+
     def kv_memory(self) -> dict[str, float]:
         """``kv_pool_mb``: memory set aside for KV (allocated pool, or the largest transient
         cache); ``kv_held_mb``: KV kept for reuse at the end of the run. NaN when unknown."""
@@ -66,6 +78,19 @@ class ChatConfig:
 
     def close(self) -> None:
         """Release the engine."""
+
+
+def vllm_pool_extra(options: EngineOptions, block_size: int = 32) -> dict[str, Any]:
+    """vLLM options that make its pool hold ``kv_cache_gib`` exactly when ``exact_pool`` is
+    set: on CPU ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB (at least 1), so the number of
+    blocks is capped instead (``num_gpu_blocks_override``)."""
+    if not options.exact_pool:
+        return {}
+    from suffixmem.models import resolve_model
+
+    per_block = block_size * kv_bytes_per_token(resolve_model(options.model, progress=False))
+    return {"extra": {"num_gpu_blocks_override": max(1, int(options.kv_cache_gib * (1 << 30))
+                                                     // per_block)}}
 
 
 def kv_bytes_per_token(model_path: Path, dtype_bytes: int = 2) -> int:
@@ -135,12 +160,18 @@ class VLLMHistory(ChatConfig):
         self.engine = create_engine(
             "vllm", model=options.model, max_model_len=options.max_model_len,
             kv_cache_gib=options.kv_cache_gib, enable_prefix_caching=prefix_caching,
+            **vllm_pool_extra(options),
         )
         self.chat = _TextHistory(self.engine.tokenizer)
         self.prefix_caching = prefix_caching
 
     def open(self, session: int, system_prompt: str) -> None:
         self.chat.open(session, system_prompt)
+
+    def resume(self, session: int, system_prompt: str, turns: Sequence[tuple[str, str]]) -> None:
+        self.chat.open(session, system_prompt)
+        for user, reply in turns:
+            self.chat.append(session, user, reply)
 
     def turn(self, session: int, text: str) -> TurnOutcome:
         from suffixmem.engine.protocol import Request, Result, SamplingParams, TokenEvent
@@ -224,6 +255,11 @@ class TransformersGenerate(ChatConfig):
 
     def open(self, session: int, system_prompt: str) -> None:
         self.chat.open(session, system_prompt)
+
+    def resume(self, session: int, system_prompt: str, turns: Sequence[tuple[str, str]]) -> None:
+        self.chat.open(session, system_prompt)
+        for user, reply in turns:
+            self.chat.append(session, user, reply)
 
     def turn(self, session: int, text: str) -> TurnOutcome:
         import torch

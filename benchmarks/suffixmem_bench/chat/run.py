@@ -18,11 +18,13 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import typer
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -36,6 +38,13 @@ from suffixmem_bench.chat.metrics import (
 )
 from suffixmem_bench.chat.peers import EngineOptions
 from suffixmem_bench.chat.report import machine_info, markdown_table, to_json, write_report
+from suffixmem_bench.chat.returning import CONFIGS as RETURNING_CONFIGS
+from suffixmem_bench.chat.returning import KV_CACHE_GIB as RETURNING_KV_GIB
+from suffixmem_bench.chat.returning import (
+    build_returning_workload,
+    report_for,
+    run_returning,
+)
 from suffixmem_bench.chat.workload import Workload, build_workload
 
 DEFAULT_OUT = Path("results/chat")
@@ -61,16 +70,17 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def run_one(
     name: str, workload: Workload, options: EngineOptions, *, timeout_s: float,
-    on_event: Any = None, log_dir: Path,
+    on_event: Any = None, log_dir: Path, rounds: tuple[int, int] | None = None,
+    history: dict[str, list[list[str]]] | None = None, tag: str = "",
 ) -> tuple[dict[str, Any], list[TurnRecord]]:
-    """Run configuration ``name`` in a child process; its figures and turn records."""
-    spec = {"config": name, "workload": workload.to_dict(),
-            "options": {"model": options.model, "max_model_len": options.max_model_len,
-                        "kv_cache_gib": options.kv_cache_gib, "max_tokens": options.max_tokens,
-                        "threads": options.threads}}
-    spec_path = log_dir / f"{name}.spec.json"
+    """Run configuration ``name`` in a child process; its figures and turn records.
+    ``rounds``/``history``: run only those turns, resuming sessions (see ``worker``)."""
+    spec = {"config": name, "workload": workload.to_dict(), "options": asdict(options),
+            "rounds": list(rounds) if rounds else None, "history": history}
+    name_tag = f"{name}{tag}"
+    spec_path = log_dir / f"{name_tag}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    log_path = log_dir / f"{name}.log"
+    log_path = log_dir / f"{name_tag}.log"
     env = dict(os.environ)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # every engine gets the same number of threads (vLLM reads this, torch and OpenMP too)
@@ -119,6 +129,7 @@ def run_one(
     figures.update({"peak_rss_mb": final["peak_rss_mb"], "kv_pool_mb": final["kv_pool_mb"],
                     "kv_held_mb": final["kv_held_mb"], "startup_s": startup,
                     "by_turn": by_turn(records)})
+    figures.update({k: v for k, v in final.items() if k.startswith("tier_")})
     return figures, records
 
 
@@ -210,6 +221,31 @@ def run_chat(
     return report, all_turns
 
 
+def run_returning_chat(
+    *, configs: tuple[str, ...], sessions: int, turns: int, max_tokens: int, model: str | None,
+    max_model_len: int, kv_cache_gib: float, threads: int | None, timeout_s: float,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``returning`` workload (``chat/returning.py``): report and turn records."""
+    from suffixmem.config import DEFAULT_MODEL
+
+    model = model or DEFAULT_MODEL
+    workload = build_returning_workload(count=token_counter(model), sessions=sessions,
+                                        turns=turns, max_tokens=max_tokens,
+                                        restart_after=min(3, turns - 1))
+    options = EngineOptions(model=model, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+                            max_tokens=max_tokens, threads=threads or os.cpu_count() or 1)
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["event"] == "turn":
+            r = event["record"]
+            err_console.print(f"[dim]session {r['session'] + 1} turn {r['turn']} ttft "
+                              f"{r['ttft_s'] * 1000:.0f} ms, cached {r['cached_tokens']}[/]")
+
+    results, all_turns = run_returning(configs=configs, options=options, workload=workload,
+                                       timeout_s=timeout_s, run_one=run_one, on_event=on_event)
+    return report_for(results, workload, options, machine_info()), all_turns
+
+
 def default_out_dir(base: Path, long: bool, concurrent: bool) -> Path:
     """``results/chat/default``, ``results/chat/long``, with ``-concurrent`` when so run."""
     return base / (("long" if long else "default") + ("-concurrent" if concurrent else ""))
@@ -220,6 +256,7 @@ def register(bench: typer.Typer) -> None:
 
     @bench.command("chat")
     def chat(
+        ctx: typer.Context,
         configs: str = typer.Option(",".join(DEFAULT_CONFIGS),
                                     help=f"Comma-separated subset of: {', '.join(CONFIGS)}."),
         sessions: int = typer.Option(4, min=1, help="Sessions (S)."),
@@ -240,6 +277,10 @@ def register(bench: typer.Typer) -> None:
         out: str = typer.Option(str(DEFAULT_OUT),
                                  help="Results folder; the report goes in OUT/<workload>."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        workload: str = typer.Option(
+            "default", help="default | long (same as --long) | returning (issue 13: 24 "
+            "sessions x 6 turns, own ~1,000-token prompts, 256 MiB pool, restart after round "
+            "3; --sessions/--turns/--configs/--kv-cache-gib apply when given)."),
     ) -> None:
         """Multi-session multi-turn chat: suffixmem against naive recompute and peer engines."""
         names = tuple(c.strip() for c in configs.split(",") if c.strip())
@@ -247,7 +288,31 @@ def register(bench: typer.Typer) -> None:
         if unknown:
             raise typer.BadParameter(f"unknown configurations {unknown}; "
                                      f"expected some of {list(CONFIGS)}")
+        if workload not in ("default", "long", "returning"):
+            raise typer.BadParameter(f"unknown workload {workload!r}; expected default, long "
+                                     "or returning")
         t0 = time.perf_counter()
+        if workload == "returning":
+            given = {p for p in ("configs", "sessions", "turns", "kv_cache_gib")
+                     if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
+            report, turns_log = run_returning_chat(
+                configs=names if "configs" in given else RETURNING_CONFIGS,
+                sessions=sessions if "sessions" in given else 24,
+                turns=turns if "turns" in given else 6, max_tokens=max_tokens, model=model,
+                max_model_len=max_model_len,
+                kv_cache_gib=kv_cache_gib if "kv_cache_gib" in given else RETURNING_KV_GIB,
+                threads=threads, timeout_s=timeout)
+            paths = write_report(report, Path(out) / "returning", turns_log)
+            if as_json:
+                print(to_json(report))
+                return
+            from rich.markdown import Markdown
+
+            Console().print(Markdown(markdown_table(report)))
+            err_console.print(f"[dim]{time.perf_counter() - t0:.0f} s; wrote "
+                              + ", ".join(str(p) for p in paths) + "[/]")
+            return
+        long = long or workload == "long"
         report, turns_log = run_chat(
             configs=names, sessions=sessions, turns=turns, max_tokens=max_tokens,
             system_tokens=system_tokens, long=long, document_tokens=document_tokens,

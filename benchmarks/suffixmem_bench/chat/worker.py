@@ -33,11 +33,16 @@ def _peak_rss_mb() -> float:
 
 
 def run_config(
-    config: ChatConfig, workload: Workload, emit: Any = None
+    config: ChatConfig, workload: Workload, emit: Any = None,
+    rounds: tuple[int, int] | None = None, history: dict[str, list[list[str]]] | None = None,
 ) -> tuple[list[TurnRecord], float]:
     """Run ``workload`` on ``config``; returns the turn records and the wall time in seconds.
     ``emit(record)`` is called after every turn (from the session's thread in concurrent mode).
+    ``rounds = (start, end)`` runs only those 0-based turns; when ``start > 0`` (a restarted
+    process) each session is resumed with ``history[str(session)]``, its ``[user, reply]``
+    pairs so far.
     """
+    start, end = rounds or (0, workload.num_turns)
     tracker = CeilingTracker()
     records: list[TurnRecord] = []
     lock = threading.Lock()
@@ -58,7 +63,11 @@ def run_config(
             emit(record)
 
     for s in range(workload.num_sessions):
-        config.open(s, workload.system_prompt)
+        if start > 0:
+            config.resume(s, workload.system_prompt_of(s),
+                          [(u, r) for u, r in (history or {}).get(str(s), [])])
+        else:
+            config.open(s, workload.system_prompt_of(s))
     t0 = time.perf_counter()
     if workload.mode == "concurrent":
         errors: list[BaseException] = []
@@ -67,7 +76,7 @@ def run_config(
         def session_loop(s: int) -> None:
             try:
                 barrier.wait()
-                for t in range(workload.num_turns):
+                for t in range(start, end):
                     one(s, t)
             except BaseException as e:  # re-raised in the main thread below
                 errors.append(e)
@@ -82,7 +91,8 @@ def run_config(
             raise errors[0]
     else:
         for s, t in schedule(workload):
-            one(s, t)
+            if start <= t < end:
+                one(s, t)
     return records, time.perf_counter() - t0
 
 
@@ -110,9 +120,11 @@ def main(spec_path: str, out: IO[str]) -> int:
         return 1
     send({"event": "started", "startup_s": time.perf_counter() - t0})
     try:
+        rounds = spec.get("rounds")
         _, wall = run_config(
-            config, workload, lambda r: send({"event": "turn", "record": r.to_dict()}))
-        kv = config.kv_memory()
+            config, workload, lambda r: send({"event": "turn", "record": r.to_dict()}),
+            rounds=tuple(rounds) if rounds else None, history=spec.get("history"))
+        kv = {**config.kv_memory(), **config.tier_stats()}
     except Exception as e:
         send({"event": "error", "reason": f"{type(e).__name__}: {e}",
               "traceback": traceback.format_exc()})

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,12 @@ class Workload:
     mode: str = "round_robin"
     system_tokens: int = 0
     document_tokens: int = 0
+    # per-session system prompts (the ``returning`` workload); empty: all use system_prompt
+    system_prompts: list[str] = field(default_factory=list)
+    restart_after: int = 0  # rounds before the engine process is restarted (0: never)
+
+    def system_prompt_of(self, session: int) -> str:
+        return self.system_prompts[session] if self.system_prompts else self.system_prompt
 
     @property
     def num_sessions(self) -> int:

@@ -18,6 +18,9 @@ Contract:
 - Other holders (the segment cache) may ``incref`` blocks to keep them alive and ``decref`` them
   later; ``allocate(n)`` hands out fresh blocks with count 1.
 - Every mutating call has a read-only check: ``can_allocate`` before ``allocate``.
+- ``on_evict`` (optional, e.g. the KV tier) sees every cached block that ``allocate`` is about
+  to reuse, while its hash, key and KV are still intact; ``reset`` and ``forget`` drop hashes
+  without calling it.
 
 This class is not thread-safe: one thread (the engine's driver) owns it.
 """
@@ -138,6 +141,7 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[BlockHash, Block] = {}
         self.num_evicted = 0
+        self.on_evict: Callable[[Block], None] | None = None
 
     # -- views ----------------------------------------------------------------------------------
     @property
@@ -235,6 +239,8 @@ class BlockPool:
         out = []
         for _ in range(n):
             block = self.free_queue.popleft()
+            if self.on_evict is not None and block.block_hash is not None:
+                self.on_evict(block)  # its KV is still in the pool until the caller writes
             self._evict(block)
             block.ref_cnt = 1
             out.append(block.block_id)
@@ -292,6 +298,21 @@ class BlockPool:
             block.block_hash = h
             block.key = (parent, chunk, salt)
         return h
+
+    def cached_blocks(self) -> list[Block]:
+        """Every block holding a cached hash (in use or free), in block id order."""
+        return [b for b in self.blocks if b.block_hash is not None]
+
+    def forget(self, salts: Iterable[str]) -> int:
+        """Drop the cached hashes of free blocks under ``salts`` (a deleted session), without
+        ``on_evict``. Blocks in use keep theirs. Returns how many were dropped."""
+        wanted = set(salts)
+        dropped = 0
+        for block in self.blocks:
+            if block.ref_cnt == 0 and block.key is not None and block.key[2] in wanted:
+                self._evict(block)
+                dropped += 1
+        return dropped
 
     def reset(self) -> int:
         """Forget every cached hash of a free block (blocks in use keep theirs). Returns the

@@ -26,6 +26,7 @@ import torch
 from suffixmem.config import EngineConfig
 from suffixmem.detokenizer import Detokenizer
 from suffixmem.engine.base import BaseEngine
+from suffixmem.engine.kv_tier import KVTier
 from suffixmem.engine.protocol import (
     EngineStats,
     Request,
@@ -40,6 +41,7 @@ from suffixmem.engine.torch.model_runner import ModelRunner, RunOutput, SeqInput
 from suffixmem.engine.torch.reuse_hook import ReuseHook, ReuseOutcome
 from suffixmem.engine.torch.scheduler import Scheduler
 from suffixmem.engine.torch.sequence import SeqStatus, Sequence
+from suffixmem.engine.torch.tier_hook import TorchTier
 from suffixmem.errors import ConfigError
 from suffixmem.models import resolve_model
 
@@ -107,6 +109,7 @@ class TorchEngine(BaseEngine):
             from suffixmem.engine.reuse.hook import SegmentReuseHook
 
             SegmentReuseHook.install(self)
+        self.tier: TorchTier | None = self._open_tier(config, mc) if config.kv_tier else None
         self._generator = torch.Generator().manual_seed(config.seed)
         self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes
         self._per_block_bytes = per_block
@@ -115,6 +118,16 @@ class TorchEngine(BaseEngine):
         self._seqs: dict[str, Sequence] = {}  # driver-thread only
         self._in_step: list[Sequence] = []  # the sequences the current step works on
         self._start_driver("suffixmem-torch")
+
+    def _open_tier(self, config: EngineConfig, mc: Any) -> TorchTier:
+        from suffixmem.config import kv_tier_dir
+        from suffixmem.engine.kv_tier import KVTier, model_fingerprint
+
+        fp = model_fingerprint(self.model_path, config.dtype, self.block_size, mc.num_layers,
+                               mc.num_kv_heads, mc.head_dim)
+        tier = KVTier(kv_tier_dir(config.kv_tier_dir), fp, int(config.kv_tier_gib * (1 << 30)),
+                      config.kv_tier_policy)
+        return TorchTier(tier, self.block_pool, self.kv_pool)
 
     def _stop_token_ids(self) -> frozenset[int]:
         ids = {self.template.eos_token_id}
@@ -169,6 +182,11 @@ class TorchEngine(BaseEngine):
         """The runner's generic forward (see ``ModelRunner.forward``)."""
         return self.runner.forward(inputs, entropy_layers)
 
+    @property
+    def kv_tier(self) -> KVTier | None:
+        """The engine's ``KVTier`` (None without ``EngineConfig.kv_tier``)."""
+        return self.tier.tier if self.tier is not None else None
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached block not in use; returns how many."""
         return self.run_in_driver(lambda e: e.block_pool.reset())
@@ -184,6 +202,8 @@ class TorchEngine(BaseEngine):
             preemptions=self.scheduler.num_preemptions,
             max_decode_batch=self.max_decode_batch,
         )
+        if self.tier is not None:
+            s.extra.update(self.tier.tier.summary(), tier_loaded_tokens=self.tier.loaded_tokens)
         return s
 
     # -- the driver thread (see engine/base.py) -------------------------------------------------
@@ -226,6 +246,8 @@ class TorchEngine(BaseEngine):
         ok = []
         for seq in seqs:
             try:
+                if self.tier is not None:
+                    self.tier.extend(seq)
                 self._apply_reuse(seq)
             except Exception as e:  # a failing hook fails its own request only
                 log.exception("segment reuse failed for %s", seq.seq_id)
@@ -418,6 +440,23 @@ class TorchEngine(BaseEngine):
         many. Prefix blocks stay: they are salted by session and simply age out of the LRU."""
         release = getattr(self.reuse, "release_session", None)
         return int(release(session_key)) if release is not None else 0
+
+    def delete_session_kv(self, session_key: str) -> int:
+        """Forget everything the engine keeps of a deleted session: its cached prefix blocks
+        and its KV tier files. Returns the tier files removed."""
+        self.release_session(session_key)
+        if self.tier is None:
+            return 0
+        tier = self.tier
+        return self.run_in_driver(lambda e: tier.delete_session(session_key))
+
+    def _shutdown(self) -> None:
+        # the driver has stopped: this thread owns the pools now
+        if self.tier is not None:
+            try:
+                self.tier.flush()
+            except OSError:
+                log.warning("KV tier flush at close failed", exc_info=True)
 
 
 def sample_token(logits: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:
