@@ -96,6 +96,10 @@ class EngineConfig:
     - ``dtype``: ``bfloat16`` (default), ``float32`` or ``float16`` (CUDA only).
     - ``segment_reuse``: (torch engine) keep a segment cache so that marked segments of a prompt
       (``Request.segments``) are reused at new positions when a request sets ``exact=False``.
+    - ``isolation``: who shares prefix-cache KV (``suffixmem.engine.isolation``): ``session``
+      (default, nothing shared between sessions), ``public-prefix`` (torch engine: the shared
+      system prompt's blocks are shared by the ``tenant``'s sessions, history stays per
+      session) or ``app`` (every block shared by the ``tenant``'s sessions).
     """
 
     model: str = DEFAULT_MODEL
@@ -110,6 +114,8 @@ class EngineConfig:
     enforce_eager: bool | None = None
     seed: int = 0
     segment_reuse: bool = False
+    isolation: str = "session"
+    tenant: str = "default"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -127,3 +133,6 @@ class EngineConfig:
             raise ConfigError(
                 f"unknown dtype {self.dtype!r}; expected 'bfloat16', 'float32' or 'float16'"
             )
+        from suffixmem.engine.isolation import IsolationPolicy
+
+        IsolationPolicy.from_config(self)  # raises ConfigError naming the field
