@@ -316,8 +316,8 @@ class TorchEngine(BaseEngine):
 
     def _apply_reuse(self, seq: Sequence) -> None:
         req = seq.request
-        if self.reuse is None or not req.segments or req.exact or seq.num_output_tokens:
-            return  # (a preempted sequence recomputes exactly)
+        if self.reuse is None or req.exact or seq.num_output_tokens:
+            return  # (a preempted sequence recomputes exactly; no segments: context shift)
         outcome: ReuseOutcome = self.reuse.apply(self, seq, req)
         pending = list(outcome.pending)
         allowed = set(seq.pending)
