@@ -29,3 +29,11 @@ def build(count: Counter, **overrides: int) -> Workload:
     workload = build_workload(count=count, **sizes)
     workload.name = NAME
     return workload
+
+
+def targets(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """TTFT p50 <= 1/3 of vllm_direct's (the quality gate is ``bench segments``')."""
+    from suffixmem_bench.workloads import ttft_vs_direct
+
+    return ttft_vs_direct(configs, "ttft_p50_le_third_of_vllm_direct",
+                          "p50 TTFT <= 1/3 of vllm_direct's", lambda f: f["ttft_p50_s"], 1 / 3)

@@ -145,3 +145,11 @@ def build(count: Counter, **overrides: int) -> RagWorkload:
         document_tokens=sizes["top_k"] * sizes["passage_tokens"],
         turn_systems=systems, passages=passages,
     )
+
+
+def targets(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """TTFT p50 <= 1/3 of vllm_direct's (the quality gate is ``bench segments``')."""
+    from suffixmem_bench.workloads import ttft_vs_direct
+
+    return ttft_vs_direct(configs, "ttft_p50_le_third_of_vllm_direct",
+                          "p50 TTFT <= 1/3 of vllm_direct's", lambda f: f["ttft_p50_s"], 1 / 3)

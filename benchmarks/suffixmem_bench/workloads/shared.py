@@ -67,3 +67,12 @@ def build(count: Counter, **overrides: int) -> Workload:
         sessions=[session_turns(i, sizes["turns"]) for i in range(sizes["sessions"])],
         max_tokens=sizes["max_tokens"], system_tokens=count(prompt),
     )
+
+
+def targets(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """TTFT p50 from turn 2 within 10% of vllm_direct's (which shares everything)."""
+    from suffixmem_bench.workloads import from_turn, ttft_vs_direct
+
+    return ttft_vs_direct(configs, "ttft_from_turn2_within_10pct_of_vllm_direct",
+                          "median of per-turn p50 TTFT from turn 2 <= 1.1 x vllm_direct's",
+                          lambda f: from_turn(f, 2), 1.1)
