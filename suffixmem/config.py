@@ -13,7 +13,6 @@ from suffixmem.errors import ConfigError
 DEFAULT_MODEL = "smollm2-135m-instruct"
 ENGINES = ("vllm", "torch")
 
-
 def suffixmem_home() -> Path:
     """Where models and the default database live: ``$SUFFIXMEM_HOME`` or the user cache dir.
 
@@ -40,11 +39,9 @@ def suffixmem_home() -> Path:
         raise ConfigError(f"{name} is not writable; set SUFFIXMEM_HOME to a writable folder")
     return home
 
-
 def kv_tier_dir(configured: str | None = None) -> Path:
     """Where the KV tier keeps its files: ``configured``, else ``$SUFFIXMEM_HOME/kv``."""
     return Path(configured).expanduser() if configured else suffixmem_home() / "kv"
-
 
 def default_database_url() -> str:
     """SQLite file under ``suffixmem_home()``, unless ``$SUFFIXMEM_DATABASE_URL`` is set."""
@@ -52,7 +49,6 @@ def default_database_url() -> str:
     if env:
         return env
     return f"sqlite:///{suffixmem_home() / 'suffixmem.db'}"
-
 
 def mask_url(url: str) -> str:
     """``url`` with its password replaced by ``***``, for messages and logs; works on URLs that
@@ -63,7 +59,6 @@ def mask_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return re.sub(r"(://[^/@:]*:).*@", r"\1***@", url)
-
 
 def database_url(url: str | None = None) -> str:
     """The database URL to use: ``url``, else ``default_database_url()``; checked to parse.
@@ -81,7 +76,6 @@ def database_url(url: str | None = None) -> str:
             "dialect+driver://user:password@host:port/database or sqlite:///path") from None
     return raw
 
-
 def cuda_available() -> bool:
     """True when a CUDA device is usable (imports torch)."""
     try:
@@ -89,7 +83,6 @@ def cuda_available() -> bool:
     except ImportError:  # pragma: no cover - torch ships with every engine extra
         return False
     return bool(torch.cuda.is_available())
-
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -105,6 +98,10 @@ class EngineConfig:
       session returns, also after a restart (see docs/kv-tier.md). ``kv_tier_dir`` (default
       ``$SUFFIXMEM_HOME/kv``), ``kv_tier_gib`` (byte budget) and ``kv_tier_policy`` (a
       ``suffixmem.retention`` policy name) configure it.
+    - ``isolation``: who shares prefix-cache KV (``suffixmem.engine.isolation``): ``session``
+      (default, nothing shared between sessions), ``public-prefix`` (torch engine: the shared
+      system prompt's blocks are shared by the ``tenant``'s sessions, history stays per
+      session) or ``app`` (every block shared by the ``tenant``'s sessions).
     """
 
     model: str = DEFAULT_MODEL
@@ -123,6 +120,8 @@ class EngineConfig:
     kv_tier_dir: str | None = None
     kv_tier_gib: float = 4.0
     kv_tier_policy: str = "pinned-lru"
+    isolation: str = "session"
+    tenant: str = "default"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -142,3 +141,6 @@ class EngineConfig:
             raise ConfigError(
                 f"unknown dtype {self.dtype!r}; expected 'bfloat16', 'float32' or 'float16'"
             )
+        from suffixmem.engine.isolation import IsolationPolicy
+
+        IsolationPolicy.from_config(self)  # raises ConfigError naming the field

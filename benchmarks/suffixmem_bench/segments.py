@@ -24,6 +24,10 @@ in fp32 by default so that kernel rounding does not blur the comparison; TTFT ru
 the gate (top-1 >= 0.95, KL <= 0.05, speed-up >= 2 with segments >= 75% of the prompt); when
 none passes the report says so and exact mode stays the default.
 
+``scenarios`` (``segment_scenarios.py``) measure the engine's default policy in bf16 through the
+serving engine on three constructions (same context, independent, reordered), with a task check,
+against issue 14's gate (``scenario_gate``).
+
 It also runs the attention-entropy detector over multi-turn sessions whose retrieved passages
 recur, and reports how often its regions are later met again outside the prefix cache.
 """
@@ -48,6 +52,11 @@ GATE_TOP1 = 0.95
 GATE_KL = 0.05
 GATE_SPEEDUP = 2.0
 GATE_SHARE = 0.75
+# issue 14's gate for the scenarios (bf16, through the serving engine)
+SCENARIO_TOP1 = 0.97
+SCENARIO_KL = 0.02
+SCENARIO_FREE = 0.5
+SCENARIO_TASK = 0.9
 
 DEFAULT_K = (0, 4, 16, 32)
 DEFAULT_R = (0.0, 0.15, 0.3)
@@ -424,7 +433,7 @@ def run_segments(
     prompts: int = 6, segments: int = 2, segment_tokens: int = 200, continuation: int = 64,
     quality_dtype: str = "float32", check_layers: tuple[int, ...] = (1,), repeats: int = 2,
     detector_sessions: int = 3, model: str = DEFAULT_MODEL, seed: int = 0, threads: int = 1,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, scenario_prompts: int | None = None,
 ) -> dict[str, Any]:
     """The whole bench; returns the JSON object (see the module docstring).
 
@@ -461,13 +470,21 @@ def run_segments(
     longest = max(len(p.ids) for p in bench) + 8
     engine = create_engine("torch", model=model, max_model_len=max(1024, 2 * longest),
                            kv_cache_gib=0.5, extra={"num_threads": threads})
+    det_llama = Llama.from_pretrained(path, torch.bfloat16)
     try:
         ttft, exact_ttft = measure_ttft(engine, bench, grid, repeats, check_layers)
+        say("scenarios (same_context, independent, reordered) in bf16 through the engine")
+        from suffixmem.engine.reuse.blend import BlendConfig
+        from suffixmem_bench.segment_scenarios import run_scenarios
+
+        scenario_blend = BlendConfig()  # the engine's default policy
+        scenarios = run_scenarios(det_llama, engine, encode, scenario_blend,
+                                  scenario_prompts or prompts, segment_tokens, continuation,
+                                  seed)
     finally:
         engine.close()
 
     say("detector regions on multi-turn sessions")
-    det_llama = Llama.from_pretrained(path, torch.bfloat16)
     detector = detector_reuse(det_llama, encode, sessions=detector_sessions, seed=seed)
 
     rows = []
@@ -483,7 +500,19 @@ def run_segments(
         })
     best, passed = choose_defaults(rows)
     gate_applies = share >= GATE_SHARE
+    independent = scenarios["independent"]
     return {
+        "scenarios": scenarios,
+        "scenario_gate": {
+            "blend": {"k": scenario_blend.first_k, "r": scenario_blend.ratio},
+            "top1_min": SCENARIO_TOP1, "kl_max": SCENARIO_KL, "free_min": SCENARIO_FREE,
+            "task_min": SCENARIO_TASK,
+            "independent_passed": (
+                independent["top1_agreement"] >= SCENARIO_TOP1
+                and independent["mean_kl"] <= SCENARIO_KL
+                and independent["free_running_agreement"] >= SCENARIO_FREE
+                and independent["task_agreement"] >= SCENARIO_TASK),
+        },
         "grid": rows,
         "defaults": {"k": best["k"], "r": best["r"]} if best else None,
         "default_result": {
@@ -521,6 +550,8 @@ def register(bench: typer.Typer) -> None:
         check_layers: str = typer.Option("1", help="Check layers for top-r, comma list."),
         detector_sessions: int = typer.Option(3, help="Sessions for the detector report."),
         threads: int = typer.Option(1, help="Torch threads (1 resists a shared machine)."),
+        scenario_prompts: int = typer.Option(
+            0, help="Prompts per scenario (same_context, independent, reordered); 0: --prompts."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -537,6 +568,7 @@ def register(bench: typer.Typer) -> None:
                 segments, segment_tokens, continuation, dtype,
                 tuple(int(x) for x in check_layers.split(",")), model=model,
                 detector_sessions=detector_sessions, threads=threads,
+                scenario_prompts=scenario_prompts or None,
                 progress=None if as_json else lambda m: console.print(f"[dim]{m}[/]"),
             )
         if as_json:
@@ -556,6 +588,14 @@ def _print_table(console: Any, result: dict[str, Any]) -> None:
                       f"{row['top1_agreement']:.3f}", f"{row['free_running_agreement']:.3f}",
                       f"{row['ttft_speedup']:.2f}x")
     console.print(table)
+    scen = Table(title="scenarios (bf16, serving engine, default policy)")
+    for col in ("scenario", "mean KL", "top-1", "free-running", "task", "TTFT speed-up"):
+        scen.add_column(col, justify="right")
+    for name, row in result["scenarios"].items():
+        scen.add_row(name, f"{row['mean_kl']:.4f}", f"{row['top1_agreement']:.3f}",
+                     f"{row['free_running_agreement']:.3f}", f"{row['task_agreement']:.2f}",
+                     f"{row['ttft_speedup']:.2f}x")
+    console.print(scen)
     gate, d = result["gate"], result["defaults"]
     share = gate["segment_share"]
     if gate["passed"]:

@@ -5,8 +5,9 @@ synchronous ``LLMEngine``. One driver thread owns it: between ``step()`` calls i
 requests and aborts from an inbox, and fans each step's outputs out to per-request queues. Any
 number of caller threads (sessions) stream at once and are batched by vLLM's scheduler.
 
-Each session's prompts carry ``cache_salt = session_key``, so sessions never share KV blocks
-(vLLM mixes the salt into the first block's hash).
+Each session's prompts carry ``cache_salt = session_key`` (isolation scope ``session``, the
+default), so sessions never share KV blocks (vLLM mixes the salt into the first block's hash);
+scope ``app`` gives every session of the tenant one salt (``suffixmem/engine/isolation.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from suffixmem.config import EngineConfig, cuda_available
 from suffixmem.engine.base import BaseEngine
+from suffixmem.engine.isolation import IsolationPolicy
 from suffixmem.engine.protocol import Request, Result, TokenEvent
 from suffixmem.errors import ConfigError
 from suffixmem.models import resolve_model
@@ -79,6 +81,9 @@ class VLLMEngine(BaseEngine):
         self.model_path: Path = resolve_model(config.model)
         self.model_name = config.model
         self.max_model_len = config.max_model_len
+        # vLLM's salt covers the whole block chain: no public prefix under private blocks
+        self.isolation = IsolationPolicy.from_config(config)
+        self.isolation.require(self.name, ("session", "app"))
         _prepare_environment(config, on_cuda)
 
         from vllm import EngineArgs
@@ -210,7 +215,8 @@ class VLLMEngine(BaseEngine):
             output_kind=RequestOutputKind.DELTA,
             **extra,
         )
-        return {"prompt_token_ids": prompt_ids, "cache_salt": request.session_key}, params
+        salt = self.isolation.salt(request.session_key)
+        return {"prompt_token_ids": prompt_ids, "cache_salt": salt}, params
 
     def _stream(self, request: Request, prompt_ids: list[int],
                 payload: Any) -> Iterator[TokenEvent | Result]:

@@ -37,13 +37,15 @@ class SuffixmemChat(ChatConfig):
     approximate reuse (``ManagerConfig(exact=False)``)."""
 
     def __init__(self, name: str, engine: str, options: EngineOptions, *,
-                 segments: bool = False) -> None:
+                 segments: bool = False, engine_flags: dict[str, Any] | None = None,
+                 manager_flags: dict[str, Any] | None = None) -> None:
         from suffixmem.conversation.manager import ConversationManager
         from suffixmem.engine import create_engine
 
         self.name = name
         self.options = options
         flags: dict[str, Any] = {"segment_reuse": True} if segments else {}
+        flags.update(engine_flags or {})  # a workload's capability (isolation scope ...)
         if engine == "torch":  # it sets torch's thread count itself (vLLM reads OMP_NUM_THREADS)
             flags["extra"] = {"num_threads": options.threads}
         if engine == "vllm":
@@ -65,13 +67,17 @@ class SuffixmemChat(ChatConfig):
         db = Path(options.state_dir) / f"{name}.db" if options.state_dir else \
             Path(self._tmp.name) / "bench.db"
         url = f"sqlite:///{db}"
-        self.manager = ConversationManager(self.engine, database_url=url,
-                                           config=manager_config(segments))
-        # The topic detector loads on first use (and is trained once per installation, which
-        # takes minutes): load it now, so start-up pays for it rather than the first turn.
-        warm = getattr(self.manager, "detector", None)
-        if warm is not None:
-            warm()
+        mconfig = manager_config(segments)
+        if manager_flags:
+            from dataclasses import replace
+
+            from suffixmem.conversation.manager import ManagerConfig
+
+            mconfig = replace(mconfig or ManagerConfig(), **manager_flags)
+        self.manager = ConversationManager(self.engine, database_url=url, config=mconfig)
+        # The topic detector loads on first use: load it now, so start-up pays for it rather
+        # than the first turn.
+        self.manager.detector()
         self.sessions: dict[int, str] = {}
 
     def _wrap_stream(self) -> None:
@@ -177,7 +183,25 @@ CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] = {
     "vllm_direct": (lambda o: VLLMHistory("vllm_direct", o, prefix_caching=True),
                     "vLLM with prefix caching, text history re-rendered, no suffixmem"),
 }
+# Capabilities of issue 14's workloads (``suffixmem_bench.workloads``): run with
+# ``--workload NAME``, not by default.
+WORKLOAD_CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] = {
+    "suffixmem_torch_sliding": (
+        lambda o: SuffixmemChat("suffixmem_torch_sliding", "torch", o,
+                                manager_flags={"layout": "sliding"}),
+        "ConversationManager + torch engine, sliding-window layout (what frameworks do)"),
+    "suffixmem_torch_public_prefix": (
+        lambda o: SuffixmemChat("suffixmem_torch_public_prefix", "torch", o,
+                                engine_flags={"isolation": "public-prefix",
+                                              "tenant": "bench"}),
+        "ConversationManager + torch engine, isolation public-prefix (system prompt shared)"),
+    "suffixmem_vllm_app": (
+        lambda o: SuffixmemChat("suffixmem_vllm_app", "vllm", o,
+                                engine_flags={"isolation": "app", "tenant": "bench"}),
+        "ConversationManager + embedded vLLM, isolation app (one salt for the tenant)"),
+}
 DEFAULT_CONFIGS: tuple[str, ...] = tuple(CONFIGS)
+CONFIGS.update(WORKLOAD_CONFIGS)
 
 
 def build_config(name: str, options: EngineOptions) -> ChatConfig:

@@ -149,8 +149,14 @@ def run_chat(
     threads: int | None = None,
     timeout_s: float = 1800.0,
     progress: bool = True,
+    workload_name: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run the benchmark; returns the report and every turn's record (with its config name)."""
+    """Run the benchmark; returns the report and every turn's record (with its config name).
+
+    ``workload_name`` picks one of ``suffixmem_bench.workloads`` (``overflow``, ``shared``):
+    its builder, its pinned engine options and its targets replace the default ones; the
+    sizes given here override the pinned ones only where they differ from this function's
+    defaults."""
     from suffixmem.config import DEFAULT_MODEL
 
     unknown = [c for c in configs if c not in CONFIGS]
@@ -158,11 +164,26 @@ def run_chat(
         raise ValueError(f"unknown configurations {unknown}; expected some of {list(CONFIGS)}")
     model = model or DEFAULT_MODEL
     machine = machine_info()
-    workload = build_workload(
-        sessions=sessions, turns=turns, max_tokens=max_tokens, system_tokens=system_tokens,
-        document_tokens=document_tokens if long else 0, count=token_counter(model),
-        mode="concurrent" if concurrent else "round_robin",
-    )
+    pinned = None
+    if workload_name:
+        from suffixmem_bench.workloads import get as get_workload
+
+        pinned = get_workload(workload_name)
+        given = {"sessions": (sessions, 4), "turns": (turns, 10),
+                 "max_tokens": (max_tokens, 32), "system_tokens": (system_tokens, 300)}
+        workload = pinned.build(token_counter(model), **{
+            k: v for k, (v, default) in given.items() if v != default and k in pinned.PINNED})
+        sessions, turns, max_tokens = (workload.num_sessions, workload.num_turns,
+                                       workload.max_tokens)
+        max_model_len = pinned.ENGINE_OPTIONS.get("max_model_len", max_model_len)
+        if concurrent:
+            workload.mode = "concurrent"
+    else:
+        workload = build_workload(
+            sessions=sessions, turns=turns, max_tokens=max_tokens, system_tokens=system_tokens,
+            document_tokens=document_tokens if long else 0, count=token_counter(model),
+            mode="concurrent" if concurrent else "round_robin",
+        )
     options = EngineOptions(model=model, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
                             max_tokens=max_tokens, threads=threads or os.cpu_count() or 1)
     results: dict[str, dict[str, Any]] = {}
@@ -207,7 +228,8 @@ def run_chat(
     add_ratios(results)
     report = {
         "configs": results,
-        "targets": evaluate_targets(results, workload.name),
+        "targets": (pinned.targets(results) if pinned is not None
+                    else evaluate_targets(results, workload.name)),
         "machine": machine,
         "workload": {
             "name": workload.name, "mode": workload.mode, "sessions": sessions, "turns": turns,
@@ -280,7 +302,8 @@ def register(bench: typer.Typer) -> None:
         workload: str = typer.Option(
             "default", help="default | long (same as --long) | returning (issue 13: 24 "
             "sessions x 6 turns, own ~1,000-token prompts, 256 MiB pool, restart after round "
-            "3; --sessions/--turns/--configs/--kv-cache-gib apply when given)."),
+            "3; --sessions/--turns/--configs/--kv-cache-gib apply when given) | a pinned "
+            "workload of suffixmem_bench.workloads (overflow, shared; its sizes unless given)."),
     ) -> None:
         """Multi-session multi-turn chat: suffixmem against naive recompute and peer engines."""
         names = tuple(c.strip() for c in configs.split(",") if c.strip())
@@ -288,9 +311,13 @@ def register(bench: typer.Typer) -> None:
         if unknown:
             raise typer.BadParameter(f"unknown configurations {unknown}; "
                                      f"expected some of {list(CONFIGS)}")
-        if workload not in ("default", "long", "returning"):
-            raise typer.BadParameter(f"unknown workload {workload!r}; expected default, long "
-                                     "or returning")
+        from suffixmem_bench import workloads as pinned
+
+        pinned_names = tuple(n for n in pinned.WORKLOADS if n != "rag")  # rag: not wired yet
+        if workload not in ("default", "long", "returning", *pinned_names):
+            raise typer.BadParameter(f"unknown workload {workload!r}; expected one of "
+                                     f"{['default', 'long', 'returning', *pinned_names]}")
+        workload_name = workload if workload in pinned_names else ""
         t0 = time.perf_counter()
         if workload == "returning":
             given = {p for p in ("configs", "sessions", "turns", "kv_cache_gib")
@@ -318,8 +345,10 @@ def register(bench: typer.Typer) -> None:
             system_tokens=system_tokens, long=long, document_tokens=document_tokens,
             concurrent=concurrent, model=model, max_model_len=max_model_len,
             kv_cache_gib=kv_cache_gib, threads=threads, timeout_s=timeout,
+            workload_name=workload_name or None,
         )
-        folder = default_out_dir(Path(out), long, concurrent)
+        folder = (Path(out) / workload_name if workload_name
+                  else default_out_dir(Path(out), long, concurrent))
         paths = write_report(report, folder, turns_log)
         if as_json:
             print(to_json(report))

@@ -10,6 +10,11 @@ approximate), in the engine's driver thread:
   (``placement.place_segments``: RoPE re-rotation, first-k and top-r recompute); the engine
   then prefills only what remains. ``Result.reused_segment_tokens`` counts the reused tokens
   (they are part of ``cached_tokens``), ``recomputed_tokens`` the segment tokens recomputed.
+- context shift (``context_shift.py``): the rest of the prompt after the prefix-cache hit is
+  matched against the session's previous sequence; runs of at least ``min_run`` tokens whose KV
+  is still cached there (the kept turns after old ones were dropped) are placed at their new
+  positions the same way. They count in ``reused_segment_tokens`` but not in
+  ``reused_segments`` (they come from the session's own blocks, not the segment cache).
 - ``after_prefill``: segments that missed are stored: the cache takes a reference on the
   sequence's blocks that hold them (zero copy), keys rotated for their positions in this prompt.
 
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING
 from suffixmem.engine.protocol import Request, Segment
 from suffixmem.engine.reuse.anchors import merge_segments
 from suffixmem.engine.reuse.blend import BlendConfig
+from suffixmem.engine.reuse.context_shift import ContextShift, subtract
 from suffixmem.engine.reuse.placement import SegmentSource, place_segments
 from suffixmem.engine.reuse.segment_cache import (
     SegmentCache,
@@ -51,10 +57,12 @@ class SegmentReuseHook:
     """Implements the torch engine's ``ReuseHook`` (``apply``) and ``after_prefill``."""
 
     def __init__(self, cache: SegmentCache, blend: BlendConfig | None = None,
-                 engine: ReuseEngine | None = None) -> None:
+                 engine: ReuseEngine | None = None,
+                 shift: ContextShift | None = None) -> None:
         self.cache = cache
         self.blend = blend or BlendConfig()
         self.engine = engine
+        self.shift = shift
         self._stores: dict[str, list[Segment]] = {}
         self.requests = 0
         self.segments_seen = 0
@@ -68,8 +76,14 @@ class SegmentReuseHook:
         cache_config: SegmentCacheConfig | None = None,
         scorer: ValueScorer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shift: ContextShift | None = None,
+        context_shift: bool = True,
     ) -> SegmentReuseHook:
-        """Create a hook over ``engine``'s block pool and set it as ``engine.reuse``."""
+        """Create a hook over ``engine``'s block pool and set it as ``engine.reuse``.
+
+        ``context_shift`` (default on; it only acts on ``exact=False`` requests) reuses a
+        session's kept turns at their new positions, with ``shift`` or a default
+        ``ContextShift``."""
         if cache_config is None:
             budget = max(1, int(engine.block_pool.num_blocks * DEFAULT_BUDGET_SHARE))
             cache_config = SegmentCacheConfig(max_blocks=budget)
@@ -80,7 +94,9 @@ class SegmentReuseHook:
                 f"{engine.model.config.num_layers} layers"
             )
         cache = SegmentCache(engine.block_pool, cache_config, scorer=scorer, clock=clock)
-        hook = cls(cache, blend, engine)
+        if context_shift and shift is None:
+            shift = ContextShift()
+        hook = cls(cache, blend, engine, shift if context_shift else None)
         engine.reuse = hook
         return hook
 
@@ -109,6 +125,11 @@ class SegmentReuseHook:
         if len(self._stores) >= MAX_PENDING_STORES:  # sequences that failed before prefill
             self._stores.pop(next(iter(self._stores)))
         self._stores[seq.seq_id] = stores
+        if self.shift is not None:
+            shifted = self._shift_sources(engine, seq, request, prompt, num_cached, spans)
+            if shifted:
+                sources = sorted([*sources, *shifted], key=lambda src: src.start)
+            self.shift.remember(request.session_key, seq.token_ids)
         placement = place_segments(engine.runner, seq.block_table, prompt, num_cached, sources,
                                    self.blend)
         return ReuseOutcome(placement.compute_positions, len(placement.reused_positions),
@@ -133,13 +154,42 @@ class SegmentReuseHook:
             self.cache.put(request.session_key, ids, blocks, s.start % bs, s.start,
                            kind=s.kind, shared=s.shared, features=features)
 
+    def _shift_sources(self, engine: ReuseEngine, seq: Sequence, request: Request,
+                       prompt: list[int], num_cached: int,
+                       taken: list[tuple[int, int]]) -> list[SegmentSource]:
+        """Context shift: the prompt's runs found in the session's previous sequence whose KV
+        is still cached (looked up under this sequence's salts), minus spans ``taken``."""
+        assert self.shift is not None
+        old = self.shift.previous(request.session_key)
+        if old is None or old is seq.token_ids:
+            return []
+        bs = engine.block_size
+        match = engine.block_pool.match(
+            old, seq.salt, approx_salt=seq.approx_salt, public_blocks=seq.public_len // bs,
+            public_salt=seq.public_salt)
+        runs = self.shift.runs(request.session_key, prompt, num_cached, match.num_cached_tokens)
+        runs = subtract(runs, taken, self.shift.min_run)
+        if runs:
+            self.shift.shifts += 1
+            self.shift.shifted_tokens += sum(r.length for r in runs)
+        ids = match.block_ids
+        return [SegmentSource(r.new_start, tuple(ids[(r.old_start + i) // bs] * bs
+                                                 + (r.old_start + i) % bs
+                                                 for i in range(r.length)), r.old_start)
+                for r in runs]
+
     # -- other threads --------------------------------------------------------------------------
     def release_session(self, session_key: str) -> int:
         """Drop the session's own segments (shared ones stay); returns how many. Safe from any
         thread: the work runs in the engine's driver thread."""
-        if self.engine is None:
+        def release(_engine: object = None) -> int:
+            if self.shift is not None:
+                self.shift.forget(session_key)
             return self.cache.release_session(session_key)
-        return self.engine.run_in_driver(lambda _e: self.cache.release_session(session_key))
+
+        if self.engine is None:
+            return release()
+        return self.engine.run_in_driver(release)
 
     def stats(self) -> SegmentCacheStats:
         return self.cache.stats()

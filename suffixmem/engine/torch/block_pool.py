@@ -190,33 +190,40 @@ class BlockPool:
         return block, h
 
     def match(self, token_ids: Sequence[int], salt: str, max_tokens: int | None = None,
-              approx_salt: str | None = None) -> Match:
+              approx_salt: str | None = None, public_blocks: int = 0,
+              public_salt: str | None = None) -> Match:
         """The longest run of cached full blocks that starts ``token_ids``. Read-only.
 
         ``max_tokens`` caps the hit (an engine passes ``len(prompt) - 1`` so that at least the
         last prompt token is computed). With ``approx_salt``, once a block misses under ``salt``
         the walk continues under ``approx_salt`` only (blocks whose KV is approximate, from
-        segment reuse); ``num_exact_tokens`` says where that switch happened.
+        segment reuse); ``num_exact_tokens`` says where that switch happened. With
+        ``public_salt``, the first ``public_blocks`` blocks are looked up under it instead of
+        ``salt`` (the public-prefix isolation scope; see ``suffixmem.engine.isolation``).
         """
         bs = self.block_size
         limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
         ids: list[int] = []
         hashes: list[BlockHash] = []
         parent: BlockHash | None = None
-        current = salt
+        approx = False
         exact = 0
         for i in range(limit // bs):
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])
-            hit = self._lookup(parent, chunk, current)
-            if hit is None and approx_salt is not None and current == salt:
-                current = approx_salt
-                hit = self._lookup(parent, chunk, current)
+            hit = None
+            if not approx:
+                want = public_salt if public_salt is not None and i < public_blocks else salt
+                hit = self._lookup(parent, chunk, want)
+                approx = hit is None and approx_salt is not None
+            if approx:
+                assert approx_salt is not None
+                hit = self._lookup(parent, chunk, approx_salt)
             if hit is None:
                 break
             block, parent = hit
             ids.append(block.block_id)
             hashes.append(parent)
-            if current == salt:
+            if not approx:
                 exact = len(ids) * bs
         return Match(tuple(ids), len(ids) * bs, tuple(hashes), exact)
 

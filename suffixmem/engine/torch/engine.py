@@ -7,8 +7,9 @@ samples, streams ``TokenEvent``s and finishes sequences. Callers in any thread s
 through an inbox between steps and read their own outbox, so new requests join running ones
 (continuous batching) and closing a stream aborts its request.
 
-Sessions are isolated by salting block hashes with ``request.session_key``. Segment reuse plugs
-in through ``TorchEngine.reuse`` (see ``reuse_hook.py``).
+Sessions are isolated by salting block hashes as ``EngineConfig.isolation`` says (by default the
+session key; see ``suffixmem/engine/isolation.py``). Segment reuse plugs in through
+``TorchEngine.reuse`` (see ``reuse_hook.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from suffixmem.config import EngineConfig
 from suffixmem.detokenizer import Detokenizer
 from suffixmem.engine.base import BaseEngine
+from suffixmem.engine.isolation import SCOPES, IsolationPolicy
 from suffixmem.engine.kv_tier import KVTier
 from suffixmem.engine.protocol import (
     EngineStats,
@@ -73,6 +75,8 @@ class TorchEngine(BaseEngine):
         self.model_path: Path = resolve_model(config.model)
         self.model_name = config.model
         self.max_model_len = config.max_model_len
+        self.isolation = IsolationPolicy.from_config(config)
+        self.isolation.require(self.name, SCOPES)
 
         # check the budget against the model's shape before loading anything heavy
         mc = read_config(self.model_path)
@@ -145,9 +149,12 @@ class TorchEngine(BaseEngine):
     def _prepare(self, request: Request, prompt_ids: list[int]) -> Sequence:
         """Everything that can fail for this request alone happens here, in the caller's
         thread: the sequence, its detokenizer and its seeded generator."""
+        iso = self.isolation
         seq = Sequence(request=request, token_ids=list(prompt_ids),
-                       num_prompt_tokens=len(prompt_ids), salt=request.session_key,
-                       t_submit=time.perf_counter())
+                       num_prompt_tokens=len(prompt_ids), salt=iso.salt(request.session_key),
+                       t_submit=time.perf_counter(),
+                       public_len=iso.public_tokens(request.segments, len(prompt_ids)),
+                       public_salt=iso.public_salt if iso.scope == "public-prefix" else None)
         seq.detok = Detokenizer(self.tokenizer, request.sampling.stop)
         seed = request.sampling.seed
         if seed is not None:
@@ -331,8 +338,8 @@ class TorchEngine(BaseEngine):
 
     def _apply_reuse(self, seq: Sequence) -> None:
         req = seq.request
-        if self.reuse is None or not req.segments or req.exact or seq.num_output_tokens:
-            return  # (a preempted sequence recomputes exactly)
+        if self.reuse is None or req.exact or seq.num_output_tokens:
+            return  # (a preempted sequence recomputes exactly; no segments: context shift)
         outcome: ReuseOutcome = self.reuse.apply(self, seq, req)
         pending = list(outcome.pending)
         allowed = set(seq.pending)

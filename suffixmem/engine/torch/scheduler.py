@@ -94,7 +94,8 @@ class Scheduler:
     def _match(self, seq: Sequence) -> Match:
         approx = None if seq.request.exact else seq.approx_salt
         return self.pool.match(seq.token_ids, seq.salt, max_tokens=seq.num_tokens - 1,
-                               approx_salt=approx)
+                               approx_salt=approx, public_blocks=seq.public_len // self.block_size,
+                               public_salt=seq.public_salt)
 
     def _admit(self, seq: Sequence) -> bool:
         """Give ``seq`` its blocks (hit + fresh). False if they cannot be had now; raises
@@ -168,13 +169,15 @@ class Scheduler:
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register every newly computed full block of ``seq`` in the prefix cache; blocks past
-        ``approx_from`` go under the approximate salt."""
+        ``approx_from`` go under the approximate salt, public ones under the public salt."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         for j in range(seq.num_hashed_blocks, seq.num_computed // bs):
             exact = seq.approx_from is None or (j + 1) * bs <= seq.approx_from
             salt = seq.salt if exact else seq.approx_salt
+            if exact and seq.public_salt is not None and (j + 1) * bs <= seq.public_len:
+                salt = seq.public_salt
             seq.last_hash = self.pool.cache_block(
                 seq.block_table[j], seq.last_hash, seq.token_ids[j * bs:(j + 1) * bs], salt)
             seq.num_hashed_blocks = j + 1

@@ -25,6 +25,8 @@ class Sequence:
     not computed until the next decode step feeds it). ``approx_from`` is the first position
     whose K/V may differ from a cache-free run (reused segment K/V, or anything computed after
     it); ``None`` means all exact. Blocks from there on are cached under ``approx_salt`` only.
+    The first ``public_len // block_size`` blocks (the public-prefix isolation scope) are cached
+    under ``public_salt``, the rest under ``salt``.
     """
 
     request: Request
@@ -36,6 +38,8 @@ class Sequence:
     num_computed: int = 0
     pending: list[int] = field(default_factory=list)  # positions the next prefill computes
     approx_from: int | None = None
+    public_len: int = 0  # leading public tokens (isolation scope public-prefix)
+    public_salt: str | None = None
     num_cached_tokens: int = 0  # prefix-cache hit at first admission (for the Result)
     reused_segment_tokens: int = 0
     recomputed_tokens: int = 0

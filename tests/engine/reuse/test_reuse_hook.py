@@ -140,7 +140,10 @@ def test_value_tiers_apply_in_the_engine(engine) -> None:  # type: ignore[no-unt
 
     for scorer, tier in ((Low(), None), (High(), Tier.PINNED)):
         clock = Clock()
-        h = SegmentReuseHook.install(engine, BlendConfig(first_k=4), scorer=scorer, clock=clock)
+        # the segment cache's tiers alone: context shift would reuse the session's previous
+        # sequence whatever the tier (its own KV, not a cached segment)
+        h = SegmentReuseHook.install(engine, BlendConfig(first_k=4), scorer=scorer, clock=clock,
+                                     context_shift=False)
         try:
             ask(engine, f"s-tier-{tier}", 0)
             clock.now += 10_000.0  # far beyond every TTL

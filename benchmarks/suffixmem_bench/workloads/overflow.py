@@ -1,0 +1,39 @@
+"""``overflow``: history outgrows a 2,048-token window (issue 14).
+
+4 sessions x 30 turns of real chat (chatterbot-corpus), a ~300-token system prompt, replies of
+at most 48 tokens, ``max_model_len`` 2048. Baselines: the sliding window frameworks use
+(``ManagerConfig(layout="sliding")``) and the stable layout (evict to half, the default).
+Capability: context shift, the kept turns' KV reused at their new positions on the torch engine
+when the stable layout drops old turns (``ManagerConfig(exact=False)`` + the segment hook).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from suffixmem_bench.chat.workload import Counter, Workload, build_workload
+
+NAME = "overflow"
+PINNED: dict[str, int] = {"sessions": 4, "turns": 30, "max_tokens": 48, "system_tokens": 300}
+ENGINE_OPTIONS: dict[str, Any] = {"max_model_len": 2048, "max_tokens": 48}
+CAPABILITY: dict[str, dict[str, dict[str, Any]]] = {
+    "suffixmem_torch_sliding": {"engine": {}, "manager": {"layout": "sliding"}},
+    "suffixmem_torch_segments": {"engine": {"segment_reuse": True},
+                                 "manager": {"exact": False}},
+}
+
+
+def build(count: Counter, **overrides: int) -> Workload:
+    """The pinned workload (``overrides``: sessions, turns, max_tokens, system_tokens)."""
+    sizes = {**PINNED, **overrides}
+    workload = build_workload(count=count, **sizes)
+    workload.name = NAME
+    return workload
+
+
+def targets(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """TTFT p50 <= 1/3 of vllm_direct's (the quality gate is ``bench segments``')."""
+    from suffixmem_bench.workloads import ttft_vs_direct
+
+    return ttft_vs_direct(configs, "ttft_p50_le_third_of_vllm_direct",
+                          "p50 TTFT <= 1/3 of vllm_direct's", lambda f: f["ttft_p50_s"], 1 / 3)

@@ -1,0 +1,115 @@
+"""Context shift: reuse a session's earlier KV when its turns moved to new positions.
+
+When a conversation outgrows the window, the stable layout drops old turns: the new prompt is
+the system prompt, then the kept turns *earlier* than before, then the new message. A prefix
+cache hits only the system prompt and recomputes every kept turn. Their KV is still in the pool,
+in the blocks of the session's previous sequence, at the old positions. Context shift finds the
+runs of the new prompt that occur in that previous sequence and places them at their new
+positions (``placement.place_segments``: RoPE re-rotation, then the blend policy's recompute of
+the first tokens of each run), like llama.cpp's context shift but with the boundary tokens
+recomputed.
+
+Contract:
+- ``ContextShift.remember(session_key, token_ids)`` keeps a reference to the list of the
+  session's newest sequence (its prompt now, its output once generated: the engine appends in
+  place), for at most ``max_sessions`` sessions (least recently used forgotten first).
+- ``ContextShift.runs(session_key, prompt, start, cached_len)`` returns ``ShiftRun``s: disjoint
+  spans of ``prompt[start:]`` equal to spans of the previous sequence's first ``cached_len``
+  tokens (the ones whose KV is still cached), in order, each at least ``min_run`` tokens.
+  Pure Python; which of those tokens still have KV is the caller's ``cached_len``.
+- Everything placed this way is approximate (positions moved, the dropped turns are no longer
+  attended): the engine caches those blocks under the approximate salt only, so an exact lookup
+  never returns them. When nothing was dropped the prefix cache covers every reusable token and
+  no run is found: output stays exact.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+
+DEFAULT_MIN_RUN = 32
+DEFAULT_MAX_SESSIONS = 1024
+
+
+@dataclass(slots=True, frozen=True)
+class ShiftRun:
+    """``length`` tokens at ``new_start`` of the prompt equal the previous sequence's tokens at
+    ``old_start``."""
+
+    new_start: int
+    old_start: int
+    length: int
+
+    @property
+    def new_end(self) -> int:
+        return self.new_start + self.length
+
+
+def find_runs(old: Sequence[int], new: Sequence[int], start: int,
+              min_run: int = DEFAULT_MIN_RUN) -> list[ShiftRun]:
+    """Order-preserving common runs of ``new[start:]`` and ``old`` of at least ``min_run``
+    tokens (``difflib``'s matching blocks: the longest common run first, then recursively on
+    each side of it)."""
+    if start >= len(new) or not old:
+        return []
+    matcher = SequenceMatcher(None, list(old), list(new[start:]), autojunk=False)
+    return [ShiftRun(start + b, a, size) for a, b, size in matcher.get_matching_blocks()
+            if size >= min_run]
+
+
+class ContextShift:
+    """Remembers each session's newest sequence and finds shifted runs in it (module docs)."""
+
+    def __init__(self, min_run: int = DEFAULT_MIN_RUN,
+                 max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        if min_run < 1 or max_sessions < 1:
+            raise ValueError(f"need min_run >= 1 and max_sessions >= 1, got {min_run}, "
+                             f"{max_sessions}")
+        self.min_run = min_run
+        self.max_sessions = max_sessions
+        self._last: OrderedDict[str, list[int]] = OrderedDict()
+        self.shifts = 0  # requests that reused shifted runs
+        self.shifted_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def previous(self, session_key: str) -> list[int] | None:
+        """The session's newest remembered sequence (prompt plus output so far), if any."""
+        return self._last.get(session_key)
+
+    def remember(self, session_key: str, token_ids: list[int]) -> None:
+        """Make ``token_ids`` (kept by reference) the session's newest sequence."""
+        self._last[session_key] = token_ids
+        self._last.move_to_end(session_key)
+        while len(self._last) > self.max_sessions:
+            self._last.popitem(last=False)
+
+    def forget(self, session_key: str) -> bool:
+        return self._last.pop(session_key, None) is not None
+
+    def runs(self, session_key: str, prompt: Sequence[int], start: int,
+             cached_len: int) -> list[ShiftRun]:
+        """Shifted runs of ``prompt[start:]`` in the session's previous sequence, restricted to
+        its first ``cached_len`` tokens (see the module contract)."""
+        old = self._last.get(session_key)
+        if old is None or cached_len <= 0:
+            return []
+        return find_runs(old[:cached_len], prompt, start, self.min_run)
+
+
+def subtract(runs: Sequence[ShiftRun], taken: Sequence[tuple[int, int]],
+             min_run: int) -> list[ShiftRun]:
+    """``runs`` minus the prompt spans ``taken`` (by other reuse), pieces of at least
+    ``min_run`` tokens kept."""
+    out: list[ShiftRun] = []
+    for r in runs:
+        pieces = [(r.new_start, r.new_end)]
+        for a, b in taken:
+            pieces = [q for s, e in pieces for q in ((s, min(e, a)), (max(s, b), e)) if q[0] < q[1]]
+        out.extend(ShiftRun(s, r.old_start + (s - r.new_start), e - s)
+                   for s, e in pieces if e - s >= min_run)
+    return sorted(out, key=lambda r: r.new_start)

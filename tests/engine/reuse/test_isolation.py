@@ -1,0 +1,112 @@
+"""Isolation scopes: who shares prefix-cache blocks (suffixmem/engine/isolation.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from suffixmem.config import EngineConfig
+from suffixmem.engine.isolation import IsolationPolicy
+from suffixmem.engine.protocol import Message, Request, SamplingParams, Segment
+from suffixmem.engine.torch.block_pool import BlockPool
+from suffixmem.errors import ConfigError
+
+BS = 4
+
+
+def test_policy_validates_and_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="isolation must be one of"):
+        IsolationPolicy("tenant-wide")
+    with pytest.raises(ConfigError, match="isolation tenant"):
+        IsolationPolicy("app", "a\x00b")
+    with pytest.raises(ConfigError, match="isolation must be one of"):
+        EngineConfig(isolation="everything")
+    assert EngineConfig().isolation == "session"  # the default: the strongest exact isolation
+    with pytest.raises(ConfigError, match="not supported by the vllm engine"):
+        IsolationPolicy("public-prefix").require("vllm", ("session", "app"))
+
+
+def test_salts_per_scope() -> None:
+    session, public, app = (IsolationPolicy(s, "acme") for s in
+                            ("session", "public-prefix", "app"))
+    assert session.salt("s1") != session.salt("s2")
+    assert public.salt("s1") != public.salt("s2")  # history stays per session
+    assert app.salt("s1") == app.salt("s2") != IsolationPolicy("app", "other").salt("s1")
+    # a tenant salt can never equal a session key (keys never contain NUL)
+    assert "\x00" in app.salt("s1") and "\x00" in public.public_salt
+    segs = (Segment(0, 10, "system_tail", shared=True), Segment(12, 20, "document"))
+    assert public.public_tokens(segs, 30) == 10
+    assert public.public_tokens(segs, 7) == 7
+    assert session.public_tokens(segs, 30) == 0 and app.public_tokens(segs, 30) == 0
+    assert public.public_tokens((Segment(0, 10, "system_tail"),), 30) == 0  # not shared
+
+
+def _cache(pool: BlockPool, ids: list[int], salts: list[str]) -> list[int]:
+    blocks = pool.allocate(len(ids) // BS)
+    parent = None
+    for j, b in enumerate(blocks):
+        parent = pool.cache_block(b, parent, ids[j * BS:(j + 1) * BS], salts[j])
+    return blocks
+
+
+def test_block_pool_public_blocks_are_shared_history_blocks_are_not() -> None:
+    pool = BlockPool(16, BS)
+    public = IsolationPolicy("public-prefix", "t")
+    ids = list(range(100, 116))  # 2 public blocks, then 2 history blocks
+    salts = [public.public_salt] * 2 + [public.salt("alice")] * 2
+    blocks = _cache(pool, ids, salts)
+    same = pool.match(ids, public.salt("alice"), public_blocks=2, public_salt=public.public_salt)
+    assert same.block_ids == tuple(blocks) and same.num_exact_tokens == 16
+    other = pool.match(ids, public.salt("bob"), public_blocks=2, public_salt=public.public_salt)
+    assert other.block_ids == tuple(blocks[:2]) and other.num_cached_tokens == 2 * BS
+    # the session scope of the same tokens finds nothing: the public salt is not a session's
+    assert pool.match(ids, "bob").num_cached_tokens == 0
+
+
+@pytest.fixture(scope="module")
+def public_engine() -> Iterator[object]:
+    from suffixmem.engine import create_engine
+
+    eng = create_engine("torch", max_model_len=1024, kv_cache_gib=0.25, dtype="float32",
+                        isolation="public-prefix", tenant="shop", extra={"num_threads": 2})
+    yield eng
+    eng.close()
+
+
+SYSTEM = ("You are the assistant of a hardware shop. Answer in one short sentence. Tools: "
+          "search(query) finds products; stock(sku) tells how many are left; order(sku, n) "
+          "places an order. Never invent a product; say when you do not know.")
+HISTORY = [Message("user", "Do you sell hammers?"),
+           Message("assistant", "Yes, we sell claw hammers and sledgehammers."),
+           Message("user", "Which one is better for small nails, and do you have it in stock "
+                            "today? I need two of them for a picture frame at home.")]
+
+
+@pytest.mark.slow
+def test_public_prefix_shares_the_system_prompt_and_never_the_history(public_engine) -> None:  # type: ignore[no-untyped-def]
+    eng = public_engine
+    bs = eng.block_size
+    sys_ids = eng.render([Message("system", SYSTEM)], False)
+    ids = eng.render([Message("system", SYSTEM), *HISTORY])
+    assert ids[:len(sys_ids)] == sys_ids and len(ids) - len(sys_ids) > 3 * bs
+    segs = (Segment(0, len(sys_ids), "system_tail", shared=True),)
+    greedy = SamplingParams(max_tokens=12)
+
+    def ask(session: str) -> object:
+        return eng.generate(Request(session, token_ids=ids, segments=segs, sampling=greedy))
+
+    first = ask("alice")
+    assert first.cached_tokens == 0
+    # another session with the very same history tokens: full hits on the public system
+    # prompt's whole blocks, zero on every history block
+    other = ask("bob")
+    assert other.cached_tokens == len(sys_ids) // bs * bs
+    # the owner hits its own history
+    again = ask("alice")
+    assert again.cached_tokens == (len(ids) - 1) // bs * bs
+    # exact: the shared blocks give what a cold run gives
+    eng.reset_prefix_cache()
+    cold = ask("carol")
+    assert cold.cached_tokens == 0
+    assert other.token_ids == cold.token_ids == first.token_ids == again.token_ids
