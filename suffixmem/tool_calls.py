@@ -140,3 +140,18 @@ def render_result(content: str, name: str | None) -> str:
     if not name:
         return content
     return json.dumps({"tool": name, "result": content}, ensure_ascii=False)
+
+
+def tools_prompt(tools: Sequence[ToolSpec]) -> str:
+    """What the model is told about its tools, appended to the system prompt. It depends on the
+    tools only (not on ``tool_choice``), so every call of an agent with the same tools renders
+    the same system prompt and the conversation after it stays cached; the reply's JSON schema
+    itself is enforced by guided decoding."""
+    listing = [{"name": t.name, "description": t.description, "parameters": dict(t.parameters)}
+               for t in tools]
+    return (
+        "You can call these tools. To call one, reply with a JSON object "
+        '{"name": <tool name>, "arguments": {...}}; to answer without a tool, reply '
+        f'{{"{ANSWER_KEY}": <your answer>}}.\n'
+        "Tools: " + json.dumps(listing, ensure_ascii=False, sort_keys=True)
+    )

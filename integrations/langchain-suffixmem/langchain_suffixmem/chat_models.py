@@ -44,7 +44,7 @@ from langchain_suffixmem._base import (
 )
 from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
 from langchain_suffixmem.stored_turns import STORED_TURNS
-from langchain_suffixmem.tools import openai_tools, reply_chunk, tool_schema
+from langchain_suffixmem.tools import openai_tools, reply_chunk, tool_schema, with_tools_prompt
 from suffixmem.conversation.manager import TurnResult
 from suffixmem.engine.protocol import TokenEvent
 
@@ -143,9 +143,11 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             generation_info={"finish_reason": turn.result.finish_reason},
         )
 
-    def _tool_args(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        """The reply schema of the call's ``tools``/``tool_choice`` (``None``: free text), and
-        the other keyword arguments."""
+    def _tool_args(self, kwargs: dict[str, Any]
+                   ) -> tuple[Any, dict[str, Any] | None, dict[str, Any]]:
+        """The call's bound ``tools``, the reply schema of them and ``tool_choice`` (``None``:
+        free text), and the other keyword arguments. The model reads the tools at the end of
+        the system prompt (the same for every call, so the conversation stays cached)."""
         kwargs = dict(kwargs)
         tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
         schema = tool_schema(tools, choice)
@@ -153,7 +155,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             raise NotImplementedError(
                 f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so tool "
                 "calling is not supported by this engine; use the 'vllm' engine")
-        return schema, kwargs
+        return tools, schema, kwargs
 
     @staticmethod
     def _reply(text: str, on_token: Callable[..., Any] | None) -> ChatGenerationChunk:
@@ -173,12 +175,14 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        schema, kwargs = self._tool_args(kwargs)
+        tools, schema, kwargs = self._tool_args(kwargs)
         session_id, sampling = self._call_args(stop, kwargs)
+        show = self._show_schema(sampling)  # structured output only: tools are in the system
         if schema is not None:
             sampling["json_schema"] = schema
         events = self.get_manager().stream_complete(  # bad input raises here
-            session_id, to_suffixmem(messages), show_schema=self._show_schema(sampling), **sampling)
+            session_id, with_tools_prompt(to_suffixmem(messages), tools), show_schema=show,
+            **sampling)
         for event in with_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
                 if not event.text or schema is not None:
@@ -199,12 +203,14 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        schema, kwargs = self._tool_args(kwargs)
+        tools, schema, kwargs = self._tool_args(kwargs)
         session_id, sampling = self._call_args(stop, kwargs)
+        show = self._show_schema(sampling)
         if schema is not None:
             sampling["json_schema"] = schema
         events = self.get_manager().astream_complete(
-            session_id, to_suffixmem(messages), show_schema=self._show_schema(sampling), **sampling)
+            session_id, with_tools_prompt(to_suffixmem(messages), tools), show_schema=show,
+            **sampling)
         async for event in awith_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
                 if not event.text or schema is not None:

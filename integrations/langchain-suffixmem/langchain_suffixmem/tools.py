@@ -12,8 +12,9 @@ from langchain_core.messages import AIMessageChunk
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from langchain_suffixmem.messages import RAW_KEY
+from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError
-from suffixmem.tool_calls import ToolSpec, parse_reply, reply_schema
+from suffixmem.tool_calls import ToolSpec, parse_reply, reply_schema, tools_prompt
 
 
 def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
@@ -52,6 +53,16 @@ def choice_name(tool_choice: Any, tools: Sequence[ToolSpec]) -> str | None:
         raise InvalidRequestError(
             f"tool_choice must be a string, dict or bool, got {type(tool_choice).__name__}")
     return tool_choice
+
+
+def with_tools_prompt(messages: list[Message], tools: Any) -> list[Message]:
+    """``messages`` with the tools described at the end of the system prompt (added if none)."""
+    if not tools:
+        return messages
+    text = tools_prompt(specs(tools))
+    if messages and messages[0].role == "system":
+        return [Message("system", f"{messages[0].content}\n\n{text}"), *messages[1:]]
+    return [Message("system", text), *messages]
 
 
 def tool_schema(tools: Any, tool_choice: Any) -> dict[str, Any] | None:
