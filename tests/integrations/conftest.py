@@ -91,10 +91,11 @@ def usage_recorder() -> Iterator[Any]:
         dispatcher.event_handlers.remove(recorder)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def pg_database() -> Iterator[str]:
-    """A throwaway PostgreSQL database (URL) of the adapter tests, dropped afterwards; skips
-    when ``SUFFIXMEM_TEST_PG_URL`` is not set."""
+    """A fresh PostgreSQL database (URL) for one test, dropped afterwards (a fresh name, so the
+    process-wide managers of ``suffixmem.runtime``, cached per URL, never see a reused one);
+    skips when ``SUFFIXMEM_TEST_PG_URL`` is not set."""
     base = os.environ.get("SUFFIXMEM_TEST_PG_URL")
     if not base:
         pytest.skip("SUFFIXMEM_TEST_PG_URL is not set (scripts/postgres prints one)")
@@ -116,13 +117,8 @@ def pg_database() -> Iterator[str]:
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def any_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh database on SQLite, then on PostgreSQL (emptied after the test)."""
+def any_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on SQLite, then on PostgreSQL."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'any.db'}"
-        return
-    url = request.getfixturevalue("pg_database")
-    yield url
-    from suffixmem.conversation.database import downgrade
-
-    downgrade(url, "base")
+        return f"sqlite:///{tmp_path / 'any.db'}"
+    return str(request.getfixturevalue("pg_database"))
