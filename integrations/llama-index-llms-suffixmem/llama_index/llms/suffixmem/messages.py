@@ -61,7 +61,7 @@ def to_suffixmem_message(message: ChatMessage, where: str = "message") -> Messag
         try:
             rendered = render_calls([(_get(c, "name"), _get(c, "arguments")) for c in calls])
         except (KeyError, TypeError, ValueError) as e:
-            raise InvalidRequestError(f"{where} has unreadable tool_calls ({e})") from None
+            raise InvalidRequestError(f"{where} has unreadable tool calls ({e})") from None
         text = f"{text}\n{rendered}" if text else rendered
     if role == "tool":
         text = render_result(text, message.additional_kwargs.get("name")
