@@ -83,6 +83,10 @@ def _call_schema(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
         params.setdefault("type", "object")
         params.setdefault("properties", {})
         params.setdefault("additionalProperties", False)
+        if not params["properties"]:
+            # no arguments: the literal {} (an empty object's grammar lets a small model emit
+            # whitespace inside it until max_tokens runs out)
+            params = {"const": {}}
     schema: dict[str, Any] = {
         "type": "object",
         "properties": {"name": {"const": tool.name}, "arguments": params},

@@ -71,3 +71,9 @@ def test_parse_and_render() -> None:
     assert json.loads(render_result("3", "add")) == {"tool": "add", "result": "3"}
     assert render_result("3", None) == "3"
     assert tools_prompt([ADD]) == tools_prompt([ADD])  # one text per tool set
+
+
+def test_no_argument_tool_takes_exactly_an_empty_object() -> None:
+    s = reply_schema([ToolSpec("ping")], "required")
+    assert s is not None and _ok(s, {"name": "ping", "arguments": {}})
+    assert not _ok(s, {"name": "ping", "arguments": {"x": 1}})
