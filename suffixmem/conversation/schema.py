@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -138,3 +139,54 @@ class TurnEventRow(Base):
     evicted_turns: Mapped[int] = mapped_column(Integer, default=0)
     finish_reason: Mapped[str] = mapped_column(String(16), default="stop")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# -- LangGraph checkpoints (``checkpoints``; migration 0002) -----------------------------------
+# A LangGraph thread is a suffixmem session: ``thread_id`` is a session id, but a thread may
+# hold checkpoints before (or without) a session row, so there is no foreign key.
+
+
+class CheckpointRow(Base):
+    """One LangGraph checkpoint (serialised without its channel values, which live in
+    ``checkpoint_blobs``); ``checkpoint_id`` sorts in creation order (uuid6)."""
+
+    __tablename__ = "checkpoints"
+
+    thread_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    checkpoint_ns: Mapped[str] = mapped_column(String(256), primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    parent_checkpoint_id: Mapped[str | None] = mapped_column(String(64))
+    type: Mapped[str] = mapped_column(String(32))
+    checkpoint: Mapped[bytes] = mapped_column(LargeBinary)
+    meta_type: Mapped[str] = mapped_column(String(32))
+    meta: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class CheckpointBlobRow(Base):
+    """The value of one channel at one version (``type == "empty"``: the channel was cleared)."""
+
+    __tablename__ = "checkpoint_blobs"
+
+    thread_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    checkpoint_ns: Mapped[str] = mapped_column(String(256), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(256), primary_key=True)
+    version: Mapped[str] = mapped_column(String(64), primary_key=True)
+    type: Mapped[str] = mapped_column(String(32))
+    blob: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+class CheckpointWriteRow(Base):
+    """A pending write of one task against one checkpoint."""
+
+    __tablename__ = "checkpoint_writes"
+
+    thread_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    checkpoint_ns: Mapped[str] = mapped_column(String(256), primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    channel: Mapped[str] = mapped_column(String(256))
+    type: Mapped[str] = mapped_column(String(32))
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    task_path: Mapped[str] = mapped_column(Text, default="")

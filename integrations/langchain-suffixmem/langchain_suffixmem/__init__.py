@@ -12,6 +12,7 @@ by ``suffixmem.runtime.get_manager``):
 
 from langchain_suffixmem.chat_message_histories import SuffixMemChatMessageHistory
 from langchain_suffixmem.chat_models import SuffixMemChatModel
+from langchain_suffixmem.checkpoint import SuffixMemSaver
 from langchain_suffixmem.llms import SuffixMemLLM
 
-__all__ = ["SuffixMemChatMessageHistory", "SuffixMemChatModel", "SuffixMemLLM"]
+__all__ = ["SuffixMemChatMessageHistory", "SuffixMemChatModel", "SuffixMemLLM", "SuffixMemSaver"]

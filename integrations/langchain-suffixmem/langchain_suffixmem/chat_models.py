@@ -9,7 +9,7 @@ for the cache, detects topic jumps, picks the semantic temperature and stores th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -22,7 +22,7 @@ from langchain_core.language_models.chat_models import (
     agenerate_from_stream,
     generate_from_stream,
 )
-from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
@@ -32,6 +32,7 @@ from langchain_core.runnables import (
     RunnableMap,
     RunnablePassthrough,
 )
+from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
@@ -43,6 +44,7 @@ from langchain_suffixmem._base import (
 )
 from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
 from langchain_suffixmem.stored_turns import STORED_TURNS
+from langchain_suffixmem.tools import openai_tools, reply_chunk, tool_schema, with_tools_prompt
 from suffixmem.conversation.manager import TurnResult
 from suffixmem.engine.protocol import TokenEvent
 
@@ -95,9 +97,11 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     ``session_id=`` call argument, else the instance's ``session_id``; with none, the call is
     stateless (nothing stored). Per-call keyword
     arguments: ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed``, ``stop``.
-    ``with_structured_output`` uses the engine's JSON-schema guided decoding; it raises
-    ``NotImplementedError`` on engines without it (``supports_json_schema`` is false). There is
-    no tool calling (``bind_tools`` is LangChain's default, which raises).
+    ``with_structured_output`` and ``bind_tools`` use the engine's JSON-schema guided
+    decoding (``suffixmem.tool_calls``: a reply is a tool call whose arguments follow the
+    tool's schema, or with ``tool_choice="auto"`` a plain answer); both raise
+    ``NotImplementedError`` on engines without it (``supports_json_schema`` is false). A reply
+    under tools is streamed as one chunk once complete (its JSON is not text to show).
     """
 
     @property
@@ -139,6 +143,27 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             generation_info={"finish_reason": turn.result.finish_reason},
         )
 
+    def _tool_args(self, kwargs: dict[str, Any]
+                   ) -> tuple[Any, dict[str, Any] | None, dict[str, Any]]:
+        """The call's bound ``tools``, the reply schema of them and ``tool_choice`` (``None``:
+        free text), and the other keyword arguments. The model reads the tools at the end of
+        the system prompt (the same for every call, so the conversation stays cached)."""
+        kwargs = dict(kwargs)
+        tools, choice = kwargs.pop("tools", None), kwargs.pop("tool_choice", None)
+        schema = tool_schema(tools, choice)
+        if schema is not None and not self.supports_json_schema:
+            raise NotImplementedError(
+                f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so tool "
+                "calling is not supported by this engine; use the 'vllm' engine")
+        return tools, schema, kwargs
+
+    @staticmethod
+    def _reply(text: str, on_token: Callable[..., Any] | None) -> ChatGenerationChunk:
+        chunk = ChatGenerationChunk(message=reply_chunk(text))
+        if on_token is not None:
+            on_token(chunk.text, chunk=chunk)
+        return chunk
+
     def _show_schema(self, sampling: dict[str, Any]) -> bool:
         # only structured output has a schema to show
         return self.show_schema and sampling.get("json_schema") is not None
@@ -150,18 +175,25 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        tools, schema, kwargs = self._tool_args(kwargs)
         session_id, sampling = self._call_args(stop, kwargs)
+        show = self._show_schema(sampling)  # structured output only: tools are in the system
+        if schema is not None:
+            sampling["json_schema"] = schema
         events = self.get_manager().stream_complete(  # bad input raises here
-            session_id, to_suffixmem(messages), show_schema=self._show_schema(sampling), **sampling)
+            session_id, with_tools_prompt(to_suffixmem(messages), tools), show_schema=show,
+            **sampling)
         for event in with_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
-                if not event.text:
-                    continue  # a token that completes no character yet
+                if not event.text or schema is not None:
+                    continue  # a token that completes no character yet; or a tool reply
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
                 if run_manager is not None:
                     run_manager.on_llm_new_token(event.text, chunk=chunk)
                 yield chunk
             else:
+                if schema is not None:
+                    yield self._reply(event.text, run_manager and run_manager.on_llm_new_token)
                 yield self._final_chunk(event, session_id)
 
     async def _astream(
@@ -171,18 +203,28 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        tools, schema, kwargs = self._tool_args(kwargs)
         session_id, sampling = self._call_args(stop, kwargs)
+        show = self._show_schema(sampling)
+        if schema is not None:
+            sampling["json_schema"] = schema
         events = self.get_manager().astream_complete(
-            session_id, to_suffixmem(messages), show_schema=self._show_schema(sampling), **sampling)
+            session_id, with_tools_prompt(to_suffixmem(messages), tools), show_schema=show,
+            **sampling)
         async for event in awith_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
-                if not event.text:
+                if not event.text or schema is not None:
                     continue
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
                 if run_manager is not None:
                     await run_manager.on_llm_new_token(event.text, chunk=chunk)
                 yield chunk
             else:
+                if schema is not None:
+                    chunk = self._reply(event.text, None)
+                    if run_manager is not None:
+                        await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                    yield chunk
                 # the session lookup is SQL: keep it off the event loop
                 yield await asyncio.to_thread(self._final_chunk, event, session_id)
 
@@ -216,6 +258,28 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if kwargs.get("version") == "v3":
             kwargs = self._with_session(config, kwargs)
         return super().astream_events(input, config, **kwargs)
+
+    # -- tools ----------------------------------------------------------------------------------
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """The model with ``tools`` bound: each reply is a tool call (``AIMessage.tool_calls``,
+        ids ``call_...``) whose arguments follow that tool's schema, or, with
+        ``tool_choice`` ``None``/"auto", possibly a plain answer. ``tool_choice``: "auto",
+        "none", "any"/"required"/``True``, a tool name or ``{"type": "function", "function":
+        {"name": ...}}``. Guided decoding guarantees the shape; raises
+        ``NotImplementedError`` on engines without it."""
+        if not self.supports_json_schema:
+            raise NotImplementedError(
+                f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so "
+                "bind_tools is not supported by this engine; use the 'vllm' engine")
+        formatted = openai_tools(tools)
+        tool_schema(formatted, tool_choice)  # a bad tool_choice fails here, not at the call
+        return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     # -- structured output ----------------------------------------------------------------------
     def with_structured_output(

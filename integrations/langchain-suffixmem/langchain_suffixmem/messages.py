@@ -1,4 +1,11 @@
-"""Translation between LangChain messages and suffixmem ``Message``s (text only)."""
+"""Translation between LangChain messages and suffixmem ``Message``s (text, tool calls, tool
+results).
+
+An assistant message is sent back to the model as the text it generated (kept in
+``response_metadata[RAW_KEY]`` when it differs from ``content``, as a tool call does), so a
+resent history renders to the tokens the session stored; tool calls the model did not generate
+and tool results are rendered by ``suffixmem.tool_calls`` (canonical, deterministic JSON).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +23,14 @@ from langchain_core.messages import (
 
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError
+from suffixmem.tool_calls import render_calls, render_result
 
 # ``response_metadata`` key of a reply the manager already stored: {"session_id", "index"}
 STORED_KEY = "suffixmem_stored"
+# ``response_metadata`` key of the reply's text as generated (a tool call's JSON)
+RAW_KEY = "suffixmem_raw"
+# content blocks that repeat an AIMessage's ``tool_calls`` (Anthropic, LangChain v1 style)
+_TOOL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
 
 # ChatMessage roles as LangChain spells them -> suffixmem roles
 _CHAT_ROLES = {
@@ -32,8 +44,9 @@ _CHAT_ROLES = {
 }
 
 
-def text_of(content: str | list[Any], where: str) -> str:
-    """The text of a message's ``content``: a string, or a list of strings and ``text`` blocks.
+def text_of(content: str | list[Any], where: str, skip: frozenset[str] = frozenset()) -> str:
+    """The text of a message's ``content``: a string, or a list of strings and ``text`` blocks
+    (blocks whose type is in ``skip`` are left out).
 
     Any other block (image, audio, file, tool use...) raises ``InvalidRequestError``: the model
     reads text only.
@@ -46,6 +59,8 @@ def text_of(content: str | list[Any], where: str) -> str:
             parts.append(block)
         elif isinstance(block, dict) and block.get("type") == "text":
             parts.append(str(block.get("text", "")))
+        elif isinstance(block, dict) and block.get("type") in skip:
+            continue
         else:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
             raise InvalidRequestError(
@@ -62,11 +77,6 @@ def role_of(message: BaseMessage, where: str) -> str:
     if isinstance(message, HumanMessage):
         return "user"
     if isinstance(message, AIMessage):
-        if message.tool_calls or message.invalid_tool_calls:
-            raise InvalidRequestError(
-                f"{where} is an AIMessage with tool calls; suffixmem models have no tool "
-                "calling, so such a history cannot be rendered"
-            )
         return "assistant"
     if isinstance(message, ToolMessage):
         return "tool"
@@ -84,6 +94,22 @@ def role_of(message: BaseMessage, where: str) -> str:
     )
 
 
+def content_of(message: BaseMessage, where: str) -> str:
+    """The text the model reads for ``message`` (see the module docstring)."""
+    if isinstance(message, AIMessage):
+        raw = message.response_metadata.get(RAW_KEY)
+        if isinstance(raw, str):
+            return raw
+        text = text_of(message.content, where, _TOOL_BLOCKS)
+        if not message.tool_calls:
+            return text
+        calls = render_calls([(c["name"], c["args"]) for c in message.tool_calls])
+        return f"{text}\n{calls}" if text else calls
+    if isinstance(message, ToolMessage):
+        return render_result(text_of(message.content, where), message.name)
+    return text_of(message.content, where)
+
+
 def to_suffixmem(messages: Sequence[BaseMessage]) -> list[Message]:
     """LangChain messages -> suffixmem messages, or ``InvalidRequestError`` naming the offending
     one. Leading system messages (a prompt template may stack several) become the one system
@@ -93,7 +119,7 @@ def to_suffixmem(messages: Sequence[BaseMessage]) -> list[Message]:
     leading = True  # still in the run of system messages that opens the conversation
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        msg = Message(role_of(m, where), text_of(m.content, where))
+        msg = Message(role_of(m, where), content_of(m, where))
         if leading and msg.role == "system" and out:
             out[0] = Message("system", f"{out[0].content}\n\n{msg.content}")
             continue

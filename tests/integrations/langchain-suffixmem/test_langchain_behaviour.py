@@ -168,7 +168,9 @@ def test_bad_messages_raise_value_error(chat: SuffixMemChatModel) -> None:
     image = {"type": "image", "url": "https://example.org/cat.png"}
     with pytest.raises(ValueError, match="'image' content block"):
         chat.invoke([HumanMessage([{"type": "text", "text": "What is this?"}, image])])
-    with pytest.raises(ValueError, match="tool calls"):
+    # a history ending in the model's own tool call has nothing to answer (tool calls render:
+    # test_tool_calls_render_canonically)
+    with pytest.raises(ValueError, match="nothing to answer"):
         chat.invoke([
             HumanMessage("add"),
             AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1", "type": "tool_call"}]),
@@ -238,3 +240,37 @@ def test_resent_replies_render_to_their_generated_ids(
     assert read is not None
     assert read["input_token_details"]["cache_read"] >= (
         usage["input_tokens"] + usage["output_tokens"] - 1) // block * block
+
+
+def test_tool_calls_render_canonically() -> None:
+    """Tool calls the model did not generate and tool results render as the documented JSON
+    (deterministic, so a resent history is the same tokens); a reply the model generated is
+    resent as generated."""
+    from langchain_core.messages import ToolMessage
+    from langchain_suffixmem.messages import RAW_KEY, to_suffixmem
+
+    call = {"name": "add", "args": {"b": 2, "a": 1}, "id": "call_1", "type": "tool_call"}
+    sent = to_suffixmem([
+        HumanMessage("add 1 and 2"),
+        AIMessage("", tool_calls=[call]),
+        ToolMessage("3", tool_call_id="call_1", name="add"),
+        AIMessage("", tool_calls=[call], response_metadata={RAW_KEY: '{"name":"add"}'}),
+        ToolMessage("3", tool_call_id="call_1"),
+    ])
+    assert [(m.role, m.content) for m in sent] == [
+        ("user", "add 1 and 2"),
+        ("assistant", '{"arguments": {"a": 1, "b": 2}, "name": "add"}'),
+        ("tool", '{"tool": "add", "result": "3"}'),
+        ("assistant", '{"name":"add"}'),
+        ("tool", "3"),
+    ]
+
+
+def test_torch_engine_has_no_tool_calling() -> None:
+    """Honest flags without starting the engine, and a one-line refusal."""
+    from adapter_setup import TORCH_PARAMS
+
+    model = SuffixMemChatModel(**TORCH_PARAMS)
+    assert model.supports_json_schema is False
+    with pytest.raises(NotImplementedError, match="not supported by this engine"):
+        model.bind_tools([{"type": "function", "function": {"name": "f", "parameters": {}}}])

@@ -42,6 +42,14 @@ class TestSuffixMemChatModelIntegration(ChatModelIntegrationTests):
 
     # Capability flags, truthfully (see the unit test class).
     @property
+    def has_tool_calling(self) -> bool:
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
     def has_structured_output(self) -> bool:
         return True
 
@@ -80,3 +88,12 @@ class TestSuffixMemChatModelIntegration(ChatModelIntegrationTests):
         usage = message.usage_metadata
         assert usage is not None and usage["input_token_details"]["cache_read"] > 0, usage
         return message
+
+    def test_unicode_tool_call_integration(  # type: ignore[override]
+        self, model: SuffixMemChatModel, **kwargs: Any
+    ) -> None:
+        """The suite's test with room for the call: the Chinese name and a free description
+        take this byte-level tokenizer more than the 48 tokens the other tests get, and a
+        call cut off by ``max_tokens`` is (rightly) no tool call."""
+        roomy = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=192, temperature=0.0)
+        super().test_unicode_tool_call_integration(roomy, **kwargs)

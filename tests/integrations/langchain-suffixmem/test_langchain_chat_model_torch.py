@@ -30,7 +30,16 @@ class TestSuffixMemChatModelTorchEngine(ChatModelIntegrationTests):
     def standard_chat_model_params(self) -> dict[str, Any]:
         return {"max_tokens": 24, "temperature": 0.0}
 
-    # No JSON-schema guided decoding on this engine: no structured output, no JSON mode.
+    # No JSON-schema guided decoding on this engine: no tool calling (bind_tools raises
+    # NotImplementedError), no structured output, no JSON mode.
+    @property
+    def has_tool_calling(self) -> bool:
+        return SuffixMemChatModel(**TORCH_PARAMS).supports_json_schema
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return self.has_tool_calling
+
     @property
     def has_structured_output(self) -> bool:
         return SuffixMemChatModel(**TORCH_PARAMS).supports_json_schema

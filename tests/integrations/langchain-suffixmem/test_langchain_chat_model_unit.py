@@ -20,9 +20,17 @@ class TestSuffixMemChatModelUnit(ChatModelUnitTests):
     def chat_model_params(self) -> dict[str, Any]:
         return dict(PARAMS)
 
-    # Capability flags, truthfully: text in and out only; no tool calling (the model has no
-    # tool format); structured output and JSON mode by the vLLM engine's guided decoding; usage
+    # Capability flags, truthfully: text in and out only; tool calling (with tool_choice),
+    # structured output and JSON mode by the vLLM engine's guided decoding; usage
     # with cached prompt tokens; one model per engine, so no per-call model override.
+    @property
+    def has_tool_calling(self) -> bool:
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
     @property
     def has_structured_output(self) -> bool:
         return True

@@ -15,16 +15,17 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_public_names() -> None:
     assert langchain_suffixmem.__all__ == [
-        "SuffixMemChatMessageHistory", "SuffixMemChatModel", "SuffixMemLLM"]
+        "SuffixMemChatMessageHistory", "SuffixMemChatModel", "SuffixMemLLM", "SuffixMemSaver"]
     for name in langchain_suffixmem.__all__:
         assert getattr(langchain_suffixmem, name).__name__ == name
 
 
-def test_distribution_depends_on_suffixmem_and_core_only() -> None:
+def test_distribution_depends_on_suffixmem_core_and_checkpoint_only() -> None:
     meta = tomllib.loads((ROOT / "integrations/langchain-suffixmem/pyproject.toml").read_text())
     assert meta["project"]["name"] == "langchain-suffixmem"
     deps = [d.split(">")[0].split("=")[0] for d in meta["project"]["dependencies"]]
-    assert deps == ["suffixmem", "langchain-core"]
+    # langgraph-checkpoint: SuffixMemSaver's base class (not LangGraph itself)
+    assert deps == ["suffixmem", "langchain-core", "langgraph-checkpoint"]
     # installed from this worktree (editable), not some other copy
     assert Path(langchain_suffixmem.__file__).is_relative_to(ROOT / "integrations")
 

@@ -35,7 +35,8 @@ def test_metadata_has_the_true_context_window(shared_engine: Any, database_url: 
     assert fresh.get_manager().engine is shared_engine
     meta = fresh.metadata
     assert meta.context_window == shared_engine.max_model_len
-    assert meta.is_chat_model and not meta.is_function_calling_model
+    # tool calling by the vLLM engine's guided decoding (test_llama_index_tools)
+    assert meta.is_chat_model and meta.is_function_calling_model
     assert meta.model_name == shared_engine.model_name
     assert meta.num_output == ManagerConfig().max_tokens
 

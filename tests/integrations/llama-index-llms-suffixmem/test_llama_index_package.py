@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.parametrize(("module", "names"), [
     (llama_index.llms.suffixmem, ["SuffixMemLLM"]),
-    (llama_index.storage.chat_store.suffixmem, ["SuffixMemChatStore"]),
+    (llama_index.storage.chat_store.suffixmem,
+     ["SuffixMemAsyncChatStore", "SuffixMemChatStore"]),
 ])
 def test_public_names(module: object, names: list[str]) -> None:
     assert module.__all__ == names  # type: ignore[attr-defined]

@@ -29,14 +29,22 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.llm import LLM, default_completion_to_prompt
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection, default_completion_to_prompt
 from llama_index.llms.suffixmem.messages import STORED_KEY, to_suffixmem
+from llama_index.llms.suffixmem.tools import (
+    reply_message,
+    specs,
+    tool_selections,
+    with_tools_prompt,
+)
 
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
 from suffixmem.engine.protocol import Message, Result, SamplingParams, TokenEvent
 from suffixmem.errors import InvalidRequestError
+from suffixmem.tool_calls import ToolSpec, reply_schema
 
 _SAMPLING_KWARGS = frozenset(
     {"temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "json_schema", "ignore_eos"})
@@ -69,7 +77,7 @@ def usage(event: Result | TurnResult, model_name: str) -> dict[str, Any]:
     return out
 
 
-class SuffixMemLLM(LLM):
+class SuffixMemLLM(FunctionCallingLLM):
     """LlamaIndex LLM on suffixmem: the model's chat template, real token streaming (sync and
     async), turns stored per session with topic jumps, semantic temperature and prefix caching.
 
@@ -98,6 +106,15 @@ class SuffixMemLLM(LLM):
     sends the prompt as one user message through the chat template unless ``formatted=True``
     or a custom ``completion_to_prompt`` is set; then the text is completed as is
     (``ConversationManager.stream_text``, nothing stored).
+
+    **Tools** (``FunctionCallingLLM``: ``chat_with_tools``, ``get_tool_calls_from_response``,
+    agents, ``structured_predict``) on engines with JSON-schema guided decoding
+    (``suffixmem.tool_calls``): the tools are described at the end of the system prompt, and
+    the reply is constrained to a call whose arguments follow the tool's schema (or, unless
+    ``tool_required``, a plain answer). Calls come back in
+    ``message.additional_kwargs["tool_calls"]`` (``{"id", "name", "arguments"}``); a reply under
+    tools is streamed as one response once complete. Other engines raise
+    ``NotImplementedError`` and ``metadata.is_function_calling_model`` is false.
     """
 
     engine: Any = Field(default="vllm", exclude=True, description="engine name or instance")
@@ -155,7 +172,7 @@ class SuffixMemLLM(LLM):
             context_window=window,
             num_output=self.max_tokens or ManagerConfig().max_tokens,
             is_chat_model=True,
-            is_function_calling_model=False,
+            is_function_calling_model=runtime.supports_json_schema(self.engine),
             model_name=self.model,
             system_role=MessageRole.SYSTEM,
         )
@@ -183,10 +200,20 @@ class SuffixMemLLM(LLM):
 
     def _chat_events(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any],
                      asynchronous: bool) -> Any:
+        kwargs = dict(kwargs)
+        tools: list[ToolSpec] = kwargs.pop("tools", None) or []
+        choice = kwargs.pop("tool_choice", None)
         session_id, sampling = self._call_args(kwargs)
+        schema = reply_schema(tools, choice)
+        if schema is not None:
+            if not runtime.supports_json_schema(self.engine):
+                raise NotImplementedError(
+                    "tool calling is not supported by this engine (it has no JSON-schema "
+                    "guided decoding); use the 'vllm' engine")
+            sampling["json_schema"] = schema
         # an empty message gives the model nothing to read; leaving it out keeps a history
         # that holds one (a chat engine stores the user message before calling us) usable
-        sent = [m for m in to_suffixmem(messages) if m.content.strip()]
+        sent = with_tools_prompt([m for m in to_suffixmem(messages) if m.content.strip()], tools)
         manager = self.get_manager()
         if asynchronous:
             return session_id, manager.astream_complete(session_id, sent, **sampling)
@@ -270,13 +297,52 @@ class SuffixMemLLM(LLM):
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
+    def _tool_response(self, text: str, delta: str, u: dict[str, Any] | None
+                       ) -> ChatResponse | None:
+        if u is None:
+            return None  # a tool reply's JSON is not text to show: wait for the whole reply
+        message = reply_message(text, {k: u[k] for k in (STORED_KEY,) if k in u})
+        return ChatResponse(message=message, delta=message.content or "", raw={"usage": u},
+                            additional_kwargs=u)
+
     def _chat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Any:
         session_id, events = self._chat_events(messages, kwargs, False)  # bad input raises here
+        if kwargs.get("tools"):
+            return (r for r in self._gen(session_id, events, self._tool_response)
+                    if r is not None)
         return self._gen(session_id, events, self._chat_response)
 
     def _achat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Any:
         session_id, events = self._chat_events(messages, kwargs, True)
+        if kwargs.get("tools"):
+            return _skip_none(self._agen(session_id, events, self._tool_response))
         return self._agen(session_id, events, self._chat_response)
+
+    # -- FunctionCallingLLM ---------------------------------------------------------------------
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[Any],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Chat arguments: the messages, the tools as specs, and ``tool_choice`` ("required"
+        when ``tool_required``, else "auto"). One call per reply (no parallel calls)."""
+        messages = list(chat_history or [])
+        if isinstance(user_msg, str):
+            user_msg = ChatMessage(role=MessageRole.USER, content=user_msg)
+        if user_msg is not None:
+            messages.append(user_msg)
+        return {"messages": messages, "tools": specs(tools),
+                "tool_choice": "required" if tool_required else "auto", **kwargs}
+
+    def get_tool_calls_from_response(self, response: ChatResponse,
+                                     error_on_no_tool_call: bool = True, **kwargs: Any
+                                     ) -> list[ToolSelection]:
+        return tool_selections(response, error_on_no_tool_call)
 
     def _complete_stream(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> Any:
         session_id, events = self._text_events(prompt, formatted, kwargs, False)
@@ -354,3 +420,9 @@ async def _aiter_sync(events: Iterator[Any]) -> AsyncIterator[Any]:
             yield event
     finally:
         events.close()  # type: ignore[attr-defined]
+
+
+async def _skip_none(responses: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for r in responses:
+        if r is not None:
+            yield r

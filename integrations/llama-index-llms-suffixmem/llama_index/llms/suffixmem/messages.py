@@ -1,4 +1,7 @@
-"""Translation between LlamaIndex ``ChatMessage``s and suffixmem ``Message``s (text only).
+"""Translation between LlamaIndex ``ChatMessage``s and suffixmem ``Message``s (text, tool calls
+and tool results: an assistant message is resent as the text the model generated,
+``additional_kwargs[RAW_KEY]``; other tool calls and results are rendered by
+``suffixmem.tool_calls``).
 
 The same module ships in llama-index-storage-chat-store-suffixmem: each distribution
 depends on suffixmem and llama-index-core only.
@@ -7,14 +10,18 @@ depends on suffixmem and llama-index-core only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
 
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError
+from suffixmem.tool_calls import render_calls, render_result
 
 # ``additional_kwargs`` key of a reply the manager already stored: {"session_id", "index"}
 STORED_KEY = "suffixmem_stored"
+# ``additional_kwargs`` key of the reply's text as generated (a tool call's JSON)
+RAW_KEY = "suffixmem_raw"
 
 _ROLES = {
     MessageRole.SYSTEM: "system",
@@ -38,11 +45,9 @@ def to_suffixmem_message(message: ChatMessage, where: str = "message") -> Messag
     if role is None:  # pragma: no cover - every MessageRole is mapped
         raise InvalidRequestError(
             f"{where} has role {message.role!r}, which suffixmem cannot render")
-    if message.additional_kwargs.get("tool_calls"):
-        raise InvalidRequestError(
-            f"{where} carries tool calls; suffixmem models have no tool calling, so such a "
-            "history cannot be rendered"
-        )
+    raw = message.additional_kwargs.get(RAW_KEY)
+    if role == "assistant" and isinstance(raw, str):
+        return Message(role, raw)
     parts = []
     for block in message.blocks:
         if not isinstance(block, TextBlock):
@@ -50,7 +55,32 @@ def to_suffixmem_message(message: ChatMessage, where: str = "message") -> Messag
                 f"{where} has a {type(block).__name__}; suffixmem models read text only"
             )
         parts.append(block.text)
-    return Message(role, "".join(parts))
+    text = "".join(parts)
+    calls = message.additional_kwargs.get("tool_calls")
+    if role == "assistant" and calls:
+        try:
+            rendered = render_calls([(_get(c, "name"), _get(c, "arguments")) for c in calls])
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidRequestError(f"{where} has unreadable tool calls ({e})") from None
+        text = f"{text}\n{rendered}" if text else rendered
+    if role == "tool":
+        text = render_result(text, message.additional_kwargs.get("name")
+                             or message.additional_kwargs.get("tool_name"))
+    return Message(role, text)
+
+
+def _get(call: Any, key: str) -> Any:
+    """A field of a tool call: ours (a dict) or OpenAI's (``function.name``/``arguments``)."""
+    if isinstance(call, dict):
+        value = call[key] if key in call else call["function"][key]
+    else:
+        fn = getattr(call, "function", call)
+        value = getattr(fn, key)
+    if key == "arguments" and isinstance(value, str):
+        import json
+
+        value = json.loads(value)
+    return value
 
 
 def to_suffixmem(messages: Sequence[ChatMessage]) -> list[Message]:

@@ -4,6 +4,7 @@
 ``ConversationManager``, so ``suffixmem chat``, LangChain and LlamaIndex see one conversation.
 """
 
+from llama_index.storage.chat_store.suffixmem.async_db import SuffixMemAsyncChatStore
 from llama_index.storage.chat_store.suffixmem.base import SuffixMemChatStore
 
-__all__ = ["SuffixMemChatStore"]
+__all__ = ["SuffixMemAsyncChatStore", "SuffixMemChatStore"]

@@ -1,0 +1,161 @@
+"""Tool calling by guided decoding, framework-free (the LangChain and LlamaIndex adapters share it).
+
+A small model has no tool template; instead its reply is constrained (``json_schema`` guided
+decoding, engines with ``supports_json_schema``) to one JSON object:
+
+- a tool call: ``{"name": "<tool>", "arguments": {...}}`` where ``arguments`` follows that tool's
+  parameter schema (top-level extra keys refused), so a call always parses against its tool;
+- with ``tool_choice="auto"`` also a plain answer: ``{"response": "<text>"}``.
+
+``reply_schema(tools, choice)`` builds that schema; ``parse_reply(text)`` reads a reply back
+(``Reply.calls`` or ``Reply.text``). The reply is stored in the session exactly as generated,
+and adapters resend it verbatim (kept in the framework message's metadata), so the next turn
+finds it in the cache. A tool call the model did not generate (a framework's few-shot history)
+is rendered by ``render_calls`` (one canonical JSON object per call, one per line), and a tool
+result by ``render_result`` (``{"tool": name, "result": text}``, or the bare text without a
+name); both are deterministic, so a resent history renders to the same tokens every time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from suffixmem.errors import InvalidRequestError
+
+ANSWER_KEY = "response"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One tool: its name, description and JSON schema of its arguments (an object)."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A parsed reply: tool calls, or text (``error`` set when the reply could not be read,
+    e.g. cut off by ``max_tokens``; ``text`` is then the raw output)."""
+
+    text: str = ""
+    calls: tuple[ToolCall, ...] = ()
+    error: str | None = None
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def check_choice(tools: Sequence[ToolSpec], choice: str | None) -> str | None:
+    """``choice``: ``None``/"auto" (call a tool or answer), "none" (answer in text, no
+    schema), "required"/"any" (call some tool), or a tool's name."""
+    if choice in (None, "auto", "none", "required", "any"):
+        return choice
+    names = [t.name for t in tools]
+    if choice not in names:
+        raise InvalidRequestError(
+            f"tool_choice: {choice!r} is not one of the bound tools {names} nor "
+            "'auto', 'none', 'required', 'any'")
+    return choice
+
+
+def _call_schema(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
+    params = copy.deepcopy(dict(tool.parameters))
+    # references point at the root ("#/$defs/..."): hoist the tool's definitions there
+    defs.update(params.pop("$defs", {}))
+    params.pop("title", None)
+    if params.get("type", "object") == "object":
+        params.setdefault("type", "object")
+        params.setdefault("properties", {})
+        params.setdefault("additionalProperties", False)
+        if not params["properties"]:
+            # no arguments: the literal {} (an empty object's grammar lets a small model emit
+            # whitespace inside it until max_tokens runs out)
+            params = {"const": {}}
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": params},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+    if tool.description:
+        schema["description"] = tool.description
+    return schema
+
+
+def reply_schema(tools: Sequence[ToolSpec], choice: str | None = None) -> dict[str, Any] | None:
+    """The JSON schema the reply is constrained to, or ``None`` (free text: no tools, or
+    ``choice="none"``)."""
+    choice = check_choice(tools, choice)
+    if not tools or choice == "none":
+        return None
+    chosen = [t for t in tools if choice in (None, "auto", "required", "any") or t.name == choice]
+    defs: dict[str, Any] = {}
+    options = [_call_schema(t, defs) for t in chosen]
+    if choice in (None, "auto"):
+        options.append({
+            "type": "object", "properties": {ANSWER_KEY: {"type": "string"}},
+            "required": [ANSWER_KEY], "additionalProperties": False,
+            "description": "a plain answer, without calling a tool",
+        })
+    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+    if defs:
+        schema = {**schema, "$defs": defs}
+    return schema
+
+
+def parse_reply(text: str) -> Reply:
+    """Read a reply generated under ``reply_schema``; fresh ids for its calls."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return Reply(text=text, error=f"reply is not JSON ({e.msg}); was it cut off?")
+    if isinstance(data, dict) and "name" in data and isinstance(data.get("arguments"), dict):
+        return Reply(calls=(ToolCall(str(data["name"]), data["arguments"], new_call_id()),))
+    if isinstance(data, dict) and isinstance(data.get(ANSWER_KEY), str):
+        return Reply(text=data[ANSWER_KEY])
+    return Reply(text=text, error="reply is neither a tool call nor an answer")
+
+
+def render_calls(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """Canonical text of tool calls (name, arguments) the model did not generate itself."""
+    return "\n".join(
+        json.dumps({"name": name, "arguments": dict(args)}, ensure_ascii=False, sort_keys=True)
+        for name, args in calls)
+
+
+def render_result(content: str, name: str | None) -> str:
+    """Canonical text of a tool's result (the ``tool`` message of the session)."""
+    if not name:
+        return content
+    return json.dumps({"tool": name, "result": content}, ensure_ascii=False)
+
+
+def tools_prompt(tools: Sequence[ToolSpec]) -> str:
+    """What the model is told about its tools, appended to the system prompt. It depends on the
+    tools only (not on ``tool_choice``), so every call of an agent with the same tools renders
+    the same system prompt and the conversation after it stays cached; the reply's JSON schema
+    itself is enforced by guided decoding."""
+    listing = [{"name": t.name, "description": t.description, "parameters": dict(t.parameters)}
+               for t in tools]
+    return (
+        "You can call these tools. To call one, reply with a JSON object "
+        '{"name": <tool name>, "arguments": {...}}; to answer without a tool, reply '
+        f'{{"{ANSWER_KEY}": <your answer>}}.\n'
+        "Tools: " + json.dumps(listing, ensure_ascii=False, sort_keys=True)
+    )

@@ -1,0 +1,95 @@
+"""``SuffixMemLLM`` as a LlamaIndex ``FunctionCallingLLM`` on the real model (vLLM guided
+decoding): tool calls with ids whose arguments parse against the tool's schema, tool results
+back into the session (a cache hit on the call), and ``structured_predict``."""
+
+
+from typing import Any, Literal
+
+import jsonschema
+import pytest
+from adapter_setup import MODEL_PARAMS, TORCH_PARAMS
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.tools import FunctionTool
+from llama_index.llms.suffixmem import SuffixMemLLM
+from pydantic import BaseModel
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two whole numbers."""
+    return a * b
+
+
+def convert(amount: float, unit: Literal["g", "kg", "lb"]) -> str:
+    """Convert a weight of flour to grams."""
+    factor = {"g": 1.0, "kg": 1000.0, "lb": 453.6}[unit]
+    return f"{amount * factor:g} g"
+
+
+TOOLS = [FunctionTool.from_defaults(multiply), FunctionTool.from_defaults(convert)]
+SCHEMAS = {t.metadata.get_name(): t.metadata.get_parameters_dict() for t in TOOLS}
+
+
+class Loaf(BaseModel):
+    name: str
+    flour_grams: int
+
+
+def _llm(database_url: str, **kwargs: Any) -> SuffixMemLLM:
+    return SuffixMemLLM(**MODEL_PARAMS, database_url=database_url,
+                        **{"max_tokens": 64, "temperature": 0.0, **kwargs})
+
+
+def test_tool_call_then_result_in_the_session(shared_engine: Any, database_url: str) -> None:
+    llm = _llm(database_url, session_id="tools-1")
+    assert llm.metadata.is_function_calling_model
+    response = llm.chat_with_tools(TOOLS, "What is 12 times 7?", tool_required=True)
+    (call,) = llm.get_tool_calls_from_response(response)
+    assert call.tool_id.startswith("call_") and call.tool_name in SCHEMAS
+    jsonschema.validate(call.tool_kwargs, SCHEMAS[call.tool_name])
+    first = response.raw["usage"]
+
+    tool = {t.metadata.get_name(): t for t in TOOLS}[call.tool_name]
+    result = ChatMessage(role=MessageRole.TOOL, content=str(tool(**call.tool_kwargs)),
+                         additional_kwargs={"tool_call_id": call.tool_id,
+                                            "name": call.tool_name})
+    history = [ChatMessage(role=MessageRole.USER, content="What is 12 times 7?"),
+               response.message, result]
+    final = llm.chat_with_tools(TOOLS, chat_history=history)
+    second = final.raw["usage"]
+    assert second["history"] == "appended"  # the stored call matched what was resent
+    assert second["cached_tokens"] >= (first["prompt_tokens"] + first["completion_tokens"]) \
+        // 32 * 32 > 0
+    roles = [m.role for m in llm.get_manager().history("tools-1")]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sampled_tool_calls_always_parse_against_the_schema(
+    shared_engine: Any, database_url: str, seed: int
+) -> None:
+    """Hot sampling cannot break the shape: guided decoding keeps every call valid."""
+    llm = _llm(database_url, temperature=1.2, seed=seed, max_tokens=96)
+    response = llm.chat_with_tools(TOOLS, "Convert 2 lb of flour, or multiply 3 by 4.",
+                                   tool_required=True)
+    if response.raw["usage"]["finish_reason"] == "length":
+        pytest.skip("cut off by max_tokens (no call to check)")
+    (call,) = llm.get_tool_calls_from_response(response)
+    jsonschema.validate(call.tool_kwargs, SCHEMAS[call.tool_name])
+
+
+def test_structured_predict(shared_engine: Any, database_url: str) -> None:
+    llm = _llm(database_url, max_tokens=48)
+    loaf = llm.structured_predict(
+        Loaf, PromptTemplate("Describe a {kind} loaf and its flour in grams."), kind="rye")
+    assert isinstance(loaf, Loaf)
+
+
+def test_torch_engine_flags_no_tool_calling() -> None:
+    """Honest flags without starting the engine; a tool call is refused in one line."""
+    llm = SuffixMemLLM(**{k: v for k, v in TORCH_PARAMS.items()})
+    assert llm.metadata.is_function_calling_model is False
+    with pytest.raises(NotImplementedError, match="not supported by this engine"):
+        llm.chat_with_tools(TOOLS, "What is 2 times 3?", tool_required=True)

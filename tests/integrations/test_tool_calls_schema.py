@@ -1,0 +1,79 @@
+"""``suffixmem.tool_calls`` without a model: the reply schema accepts exactly the calls that
+parse against their tool (checked with ``jsonschema``), ``tool_choice`` narrows it, replies
+parse back with fresh ids, and rendering is canonical."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from suffixmem.errors import InvalidRequestError
+from suffixmem.tool_calls import (
+    ToolSpec,
+    parse_reply,
+    render_calls,
+    render_result,
+    reply_schema,
+    tools_prompt,
+)
+
+ADD = ToolSpec("add", "Add two integers", {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"]})
+LOAF = ToolSpec("bake", "Bake a loaf", {
+    "type": "object", "properties": {"loaf": {"$ref": "#/$defs/Loaf"}}, "required": ["loaf"],
+    "$defs": {"Loaf": {"type": "object", "properties": {"kind": {"enum": ["rye", "wheat"]}},
+                       "required": ["kind"]}}})
+
+
+def _ok(schema: dict, value: object) -> bool:
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+def test_auto_accepts_calls_and_answers_only() -> None:
+    s = reply_schema([ADD, LOAF])
+    assert s is not None
+    assert _ok(s, {"name": "add", "arguments": {"a": 1, "b": 2}})
+    assert _ok(s, {"name": "bake", "arguments": {"loaf": {"kind": "rye"}}})  # hoisted $defs
+    assert _ok(s, {"response": "hello"})
+    assert not _ok(s, {"name": "add", "arguments": {"a": 1}})
+    assert not _ok(s, {"name": "add", "arguments": {"a": 1, "b": 2, "c": 3}})
+    assert not _ok(s, {"name": "bake", "arguments": {"loaf": {"kind": "corn"}}})
+    assert not _ok(s, {"name": "mul", "arguments": {}})
+
+
+def test_choice_narrows_the_schema() -> None:
+    required = reply_schema([ADD, LOAF], "required")
+    assert required is not None and not _ok(required, {"response": "hi"})
+    only_add = reply_schema([ADD, LOAF], "add")
+    assert only_add is not None
+    assert not _ok(only_add, {"name": "bake", "arguments": {"loaf": {"kind": "rye"}}})
+    assert reply_schema([ADD], "none") is None and reply_schema([], None) is None
+    with pytest.raises(InvalidRequestError, match="tool_choice"):
+        reply_schema([ADD], "mul")
+
+
+def test_parse_and_render() -> None:
+    a, b = parse_reply('{"name": "add", "arguments": {"a": 1, "b": 2}}'), \
+        parse_reply('{"name": "add", "arguments": {"a": 1, "b": 2}}')
+    assert a.calls[0].arguments == {"a": 1, "b": 2} and a.calls[0].id != b.calls[0].id
+    assert parse_reply('{"response": "hi"}').text == "hi"
+    cut = parse_reply('{"name": "add", "argu')
+    assert cut.error and not cut.calls and cut.text == '{"name": "add", "argu'
+    assert render_calls([("add", {"b": 2, "a": 1})]) == \
+        '{"arguments": {"a": 1, "b": 2}, "name": "add"}'
+    assert json.loads(render_result("3", "add")) == {"tool": "add", "result": "3"}
+    assert render_result("3", None) == "3"
+    assert tools_prompt([ADD]) == tools_prompt([ADD])  # one text per tool set
+
+
+def test_no_argument_tool_takes_exactly_an_empty_object() -> None:
+    s = reply_schema([ToolSpec("ping")], "required")
+    assert s is not None and _ok(s, {"name": "ping", "arguments": {}})
+    assert not _ok(s, {"name": "ping", "arguments": {"x": 1}})
