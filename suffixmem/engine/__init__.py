@@ -38,7 +38,8 @@ def create_engine(
     raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
 
 
-_REMOTE_OPTIONS = ("sticky", "health_interval_s", "connect_timeout_s", "read_timeout_s")
+_REMOTE_OPTIONS = ("sticky", "health_interval_s", "connect_timeout_s", "read_timeout_s",
+                   "policy")
 
 
 def _remote(config: EngineConfig | None, options: dict[str, Any]) -> BaseEngine:

@@ -56,7 +56,7 @@ class RemoteEngine(BaseEngine):
     def __init__(self, urls: Sequence[str], config: EngineConfig | None = None, *,
                  pins: PinStore | None = None, sticky: bool = True,
                  health_interval_s: float = 2.0, connect_timeout_s: float = 5.0,
-                 read_timeout_s: float = 600.0) -> None:
+                 read_timeout_s: float = 600.0, policy: str = "affinity") -> None:
         super().__init__()
         if isinstance(urls, str):
             urls = [urls]
@@ -65,7 +65,7 @@ class RemoteEngine(BaseEngine):
         self._client = httpx.Client(timeout=httpx.Timeout(read_timeout_s,
                                                           connect=connect_timeout_s))
         self.router = Router(list(urls), pins, sticky=sticky, probe=self._probe,
-                             interval_s=health_interval_s)
+                             interval_s=health_interval_s, policy=policy)
         self._load_tokenizer(resolve_model(config.model))
         self.max_model_len, self.served_model = self._discover(config.max_model_len)
         self._counts_lock = threading.Lock()

@@ -11,6 +11,8 @@ Contract:
   differ for a moment), then the rendezvous order.
 - ``PinStore`` records a session's replica (``SqlPins`` keeps it in the session row, shared by
   every suffixmem process on that database); ``MemoryPins`` is the single-process default.
+- ``policy="round_robin"`` ignores sessions (what a session-blind balancer does): the baseline
+  of ``suffixmem bench scale``.
 - Health: a failed request marks its replica down at once; a background thread probes every
   replica's ``/health`` each ``interval_s`` and brings recovered ones back.
 """
@@ -75,12 +77,17 @@ class Router:
 
     def __init__(self, urls: Sequence[str], pins: PinStore | None = None, *,
                  sticky: bool = True, probe: Callable[[str], bool] | None = None,
-                 interval_s: float = 2.0) -> None:
+                 interval_s: float = 2.0, policy: str = "affinity") -> None:
         if not urls:
             raise UpstreamError("the remote engine needs at least one replica URL")
         self.urls = [u.rstrip("/") for u in urls]
         if len(set(self.urls)) != len(self.urls):
             raise UpstreamError(f"replica URLs repeat: {self.urls}")
+        if policy not in ("affinity", "round_robin"):
+            raise UpstreamError(f"unknown routing policy {policy!r}; expected 'affinity' or "
+                                "'round_robin'")
+        self.policy = policy
+        self._turn = 0  # round-robin position (the baseline a session-blind balancer gives)
         self.pins: PinStore = pins if pins is not None else MemoryPins()
         self.sticky = sticky
         self._down: set[str] = set()
@@ -100,6 +107,11 @@ class Router:
     def route(self, session_key: str) -> list[str]:
         """Healthy replicas to try for ``session_key``, best first (may be empty)."""
         up = self.healthy()
+        if self.policy == "round_robin":
+            with self._lock:
+                self._turn += 1
+                turn = self._turn
+            return up[turn % len(up):] + up[:turn % len(up)] if up else []
         order = rank(session_key, up)
         if self.sticky:
             pin = self.pins.get(session_key)

@@ -79,10 +79,8 @@ def manager(remote: object, database_url: str) -> Iterator[ConversationManager]:
 
 def _session_on(url: str, urls: list[str], prefix: str) -> str:
     """A fresh session id whose rendezvous choice is ``url``."""
-    i = 0
-    while rank(f"{prefix}-{os.getpid()}-{time.time_ns()}-{i}", urls)[0] != url:
-        i += 1
-    return f"{prefix}-{os.getpid()}-{time.time_ns()}-{i}"
+    stamp = f"{prefix}-{os.getpid()}-{time.time_ns()}"
+    return next(f"{stamp}-{i}" for i in range(1000) if rank(f"{stamp}-{i}", urls)[0] == url)
 
 
 def _replica_column(mgr: ConversationManager, sid: str) -> str | None:

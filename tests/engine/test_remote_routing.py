@@ -109,3 +109,11 @@ def test_sql_pins_live_in_the_session_row(tmp_path, backend: str) -> None:  # ty
     finally:
         store.delete_session(sid)
         store.close()
+
+
+def test_round_robin_policy_ignores_the_session() -> None:
+    router = Router(URLS[:2], probe=None, policy="round_robin")
+    firsts = [router.route("same-session")[0] for _ in range(4)]
+    assert firsts == [URLS[1], URLS[0], URLS[1], URLS[0]]
+    with pytest.raises(UpstreamError, match="policy"):
+        Router(URLS, policy="random")
