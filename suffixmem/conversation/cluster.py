@@ -78,9 +78,15 @@ class SqlPins:
         with self.store.engine.connect() as conn:
             found = conn.execute(
                 select(SessionRow.replica).where(SessionRow.id == session_key)).first()
-        # a row's value wins, even NULL: then the router's ``served`` writes the pin into the
-        # row once the session exists (its first turn commits only after the engine answered)
-        return self._memory.get(session_key) if found is None else found[0]
+        if found is None:
+            return self._memory.get(session_key)
+        if found[0] is None:
+            # a first turn is served before its commit creates the row: move its pin there now
+            pin = self._memory.get(session_key)
+            if pin is not None:
+                self.set(session_key, pin)
+            return pin
+        return str(found[0])
 
     def set(self, session_key: str, url: str) -> None:
         with self.store.engine.begin() as conn:

@@ -104,6 +104,12 @@ def test_sql_pins_live_in_the_session_row(tmp_path, backend: str) -> None:  # ty
                                 {"i": sid}).scalar() == "http://r1"
         a.set("anon-no-row", "http://r2")  # no row: this process remembers it
         assert a.get("anon-no-row") == "http://r2" and b.get("anon-no-row") is None
+        late = f"{sid}-late"
+        a.set(late, "http://r3")  # a first turn, served before its commit creates the row
+        store.open_session(late)
+        assert b.get(late) is None  # the row exists, no pin in it yet
+        assert a.get(late) == "http://r3" and b.get(late) == "http://r3"  # moved into the row
+        store.delete_session(late)
         a.close()
         b.close()
     finally:
@@ -117,3 +123,29 @@ def test_round_robin_policy_ignores_the_session() -> None:
     assert firsts == [URLS[1], URLS[0], URLS[1], URLS[0]]
     with pytest.raises(UpstreamError, match="policy"):
         Router(URLS, policy="random")
+
+
+def test_create_engine_remote_needs_urls_and_a_live_replica() -> None:
+    from suffixmem.engine import create_engine
+    from suffixmem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="urls"):
+        create_engine("remote")
+    with pytest.raises(UpstreamError, match="no replica answered: http://127.0.0.1:9"):
+        create_engine("remote", urls=["http://127.0.0.1:9"], connect_timeout_s=1.0,
+                      health_interval_s=0)
+
+
+def test_cli_remote_engine_needs_upstream(capsys: pytest.CaptureFixture[str]) -> None:
+    from suffixmem.cli import main
+
+    for argv, message in (
+        (["ask", "hi", "--engine", "remote"], "--engine remote needs --upstream URL"),
+        (["ask", "hi", "--upstream", "http://127.0.0.1:9"],
+         "--upstream is only used with --engine remote"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
