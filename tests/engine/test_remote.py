@@ -53,9 +53,9 @@ def replicas(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture(scope="module")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return os.environ.get("SUFFIXMEM_TEST_PG_URL") or \
-        f"sqlite:///{tmp_path_factory.mktemp('remote-db') / 'remote.db'}"
+def database_url(remote_pg_url: str | None, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """PostgreSQL (a database of this run's own) when configured, else a SQLite file."""
+    return remote_pg_url or f"sqlite:///{tmp_path_factory.mktemp('remote-db') / 'remote.db'}"
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +132,9 @@ def test_remote_rejects_a_bad_request_with_one_line(remote) -> None:  # type: ig
 
 
 def test_two_processes_on_one_database_never_interleave_a_session(  # type: ignore[no-untyped-def]
-        replicas, manager) -> None:
-    url = os.environ.get("SUFFIXMEM_TEST_PG_URL")
-    if not url:
+        replicas, manager, database_url) -> None:
+    url = database_url
+    if not url.startswith("postgresql"):
         pytest.skip("needs SUFFIXMEM_TEST_PG_URL (PostgreSQL shared by two processes)")
     sid = f"two-procs-{os.getpid()}-{time.time_ns()}"
     manager.open_session(sid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_memory_pins_are_bounded() -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_sql_pins_live_in_the_session_row(tmp_path, backend: str) -> None:  # type: ignore[no-untyped-def]
+def test_sql_pins_live_in_the_session_row(tmp_path, backend: str, remote_pg_url) -> None:  # type: ignore[no-untyped-def]
     from sqlalchemy import text
 
     from suffixmem.conversation.cluster import SqlPins
@@ -89,7 +90,7 @@ def test_sql_pins_live_in_the_session_row(tmp_path, backend: str) -> None:  # ty
     if backend == "sqlite":
         url = f"sqlite:///{tmp_path / 'pins.db'}"
     else:
-        url = os.environ.get("SUFFIXMEM_TEST_PG_URL", "")
+        url = remote_pg_url
         if not url:
             pytest.skip("SUFFIXMEM_TEST_PG_URL is not set")
     store = Store(url)
@@ -131,7 +132,7 @@ def test_create_engine_remote_needs_urls_and_a_live_replica() -> None:
 
     with pytest.raises(ConfigError, match="urls"):
         create_engine("remote")
-    with pytest.raises(UpstreamError, match="no replica answered: http://127.0.0.1:9"):
+    with pytest.raises(UpstreamError, match=re.escape("no replica answered: http://127.0.0.1:9")):
         create_engine("remote", urls=["http://127.0.0.1:9"], connect_timeout_s=1.0,
                       health_interval_s=0)
 
