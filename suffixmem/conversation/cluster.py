@@ -4,10 +4,11 @@ processes, and the session's replica pin (``sessions.replica``, migration 0002).
 Contract:
 - ``SharedTurnLock(store).hold(session_id, timeout_s)``: on PostgreSQL a session-level advisory
   lock (``pg_try_advisory_lock``, key derived from the session id) taken on a connection of its
-  own and held for the ``with`` block, so two processes never run a turn of one session at once.
-  If the process dies its connection closes and PostgreSQL releases the lock. Waiting longer
-  than ``timeout_s`` raises ``SessionBusyError``. On SQLite (one host, usually one process) it
-  is a no-op: the in-process ``SessionLocks`` serialise turns, ``BEGIN IMMEDIATE`` the writes.
+  own (outside the store's pool) and held for the ``with`` block, so two processes never run
+  a turn of one session at once. If the process dies its connection closes and PostgreSQL
+  releases the lock. Waiting longer than ``timeout_s`` raises ``SessionBusyError``. On SQLite
+  (one host, usually one process) it is a no-op: the in-process ``SessionLocks`` serialise
+  turns, ``BEGIN IMMEDIATE`` the writes.
   ``shared`` says whether the lock is real, i.e. whether other processes may write the session.
 - ``SqlPins(database_url)`` stores the replica in the session row; sessions without a row
   (stateless keys, a first turn not yet committed) are pinned in this process's memory.
@@ -20,7 +21,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import select, text, update
+from sqlalchemy import create_engine, select, text, update
+from sqlalchemy.pool import NullPool
 
 from suffixmem.conversation.locks import SessionBusyError
 from suffixmem.conversation.schema import SessionRow
@@ -43,6 +45,11 @@ class SharedTurnLock:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.shared = store.engine.dialect.name == "postgresql"
+        # lock connections live outside the store's pool: a turn holds one for its whole
+        # length, and many concurrent turns must not starve the store's own queries
+        self._engine = (create_engine(store.engine.url, poolclass=NullPool,
+                                      connect_args={"connect_timeout": 5})
+                        if self.shared else None)
 
     @contextmanager
     def hold(self, session_id: str, timeout_s: float) -> Iterator[None]:
@@ -51,7 +58,8 @@ class SharedTurnLock:
             return
         key = advisory_key(session_id)
         deadline = time.monotonic() + timeout_s
-        with self.store.engine.connect() as conn:
+        assert self._engine is not None
+        with self._engine.connect() as conn:
             while not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
                 conn.rollback()  # no transaction left open while we wait
                 if time.monotonic() > deadline:

@@ -150,3 +150,40 @@ def test_cli_remote_engine_needs_upstream(capsys: pytest.CaptureFixture[str]) ->
         assert exit_.value.code == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_shared_turn_lock_serialises_one_session_across_managers(remote_pg_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from suffixmem.conversation.cluster import SharedTurnLock
+    from suffixmem.conversation.locks import SessionBusyError
+    from suffixmem.conversation.store import Store
+
+    lite = Store(f"sqlite:///{tmp_path / 'lock.db'}")
+    assert SharedTurnLock(lite).shared is False  # SQLite: in-process locks only
+    lite.close()
+    if not remote_pg_url:
+        pytest.skip("SUFFIXMEM_TEST_PG_URL is not set")
+    a_store, b_store = Store(remote_pg_url), Store(remote_pg_url)  # two processes' stores
+    a, b = SharedTurnLock(a_store), SharedTurnLock(b_store)
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with a.hold("s1", timeout_s=5):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(10)
+    with pytest.raises(SessionBusyError, match="another suffixmem process"), \
+            b.hold("s1", timeout_s=0.3):
+        pass
+    with b.hold("s2", timeout_s=1):  # another session never waits
+        pass
+    release.set()
+    t.join()
+    with b.hold("s1", timeout_s=2):  # free again once the holder is done
+        pass
+    a_store.close()
+    b_store.close()
