@@ -20,6 +20,7 @@ the kill that hit under half their ceiling) and ``moved_sessions``.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -35,8 +36,6 @@ QUESTIONS = [
     "Who first measured the speed of light?", "What makes a tomato plant grow leggy?",
     "How long should I boil an egg for a soft yolk?", "Why did alchemists want gold?",
 ]
-SYSTEM = ("You are a patient assistant who answers questions about gardening, cooking and the "
-          "history of science in short, complete sentences.")
 
 
 class _Worker:
@@ -80,7 +79,12 @@ def run_sessions(db: str, policy: str, urls: list[str], sessions: int, turns: in
             if on_round is not None:
                 on_round(t)
             sent: list[list[int]] = [[], []]
-            for s in range(sessions):  # both workers get their turns at once, then we collect
+            # turns arrive in a shuffled order each round, as from independent clients; in a
+            # fixed order a session-blind round-robin would land each session on the same
+            # replica every round by accident and look sticky
+            order = list(range(sessions))
+            random.Random(t).shuffle(order)
+            for s in order:  # both workers get their turns at once, then we collect
                 w = (s + t) % 2
                 workers[w].send({"session": f"{tag}-{s}", "max_tokens": max_tokens,
                                  "message": f"{QUESTIONS[t % len(QUESTIONS)]} (session {s})"})

@@ -131,6 +131,19 @@ def test_remote_rejects_a_bad_request_with_one_line(remote) -> None:  # type: ig
     assert len(ok.token_ids) <= 2  # still serving
 
 
+def test_json_schema_output_is_constrained_by_the_server(remote) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}},
+              "required": ["colour"], "additionalProperties": False}
+    r = remote.generate(Request("json-remote", messages=[Message("user", "Name a colour.")],
+                                sampling=SamplingParams(max_tokens=40, temperature=0.0,
+                                                        json_schema=schema)))
+    assert r.finish_reason == "stop"
+    value = json.loads(r.text)
+    assert set(value) == {"colour"} and isinstance(value["colour"], str)
+
+
 def test_two_processes_on_one_database_never_interleave_a_session(  # type: ignore[no-untyped-def]
         replicas, manager, database_url) -> None:
     url = database_url
