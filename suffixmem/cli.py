@@ -54,6 +54,10 @@ app.add_typer(bench_app, name="bench")
 BENCH_GROUP = "suffixmem.bench"  # entry points: NAME = "module:register", register(bench_app)
 
 
+UPSTREAM = typer.Option(
+    None, "--upstream", help="vLLM server URL for --engine remote (repeat for replicas).")
+
+
 def _check_engine(name: str) -> None:
     if name not in ENGINES:
         raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
@@ -123,11 +127,21 @@ def _preflight(engine: str, max_tokens: int, temperature: float | None,
     return sampling, _check_database(database)
 
 
-def _make_manager(engine_name: str, model: str, database: str, max_model_len: int) -> Any:
+def _make_manager(engine_name: str, model: str, database: str, max_model_len: int,
+                  upstream: list[str] | None = None) -> Any:
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
 
-    engine = create_engine(engine_name, model=model, max_model_len=max_model_len)
+    if engine_name == "remote":
+        if not upstream:
+            raise ConfigError("--engine remote needs --upstream URL (one per vLLM server)")
+        # the session rows pin each session to its replica, shared by every process
+        engine = create_engine("remote", urls=upstream, database_url=database, model=model,
+                               max_model_len=max_model_len)
+    elif upstream:
+        raise ConfigError("--upstream is only used with --engine remote")
+    else:
+        engine = create_engine(engine_name, model=model, max_model_len=max_model_len)
     try:
         mgr = ConversationManager(engine, database_url=database)
         # Load the topic detector (scikit-learn and the shipped IDF, about a second) now rather
@@ -197,7 +211,8 @@ def _read_line() -> str | None:
 
 @app.command()
 def chat(
-    engine: str = typer.Option("vllm", help="Engine: vllm (default) or torch."),
+    engine: str = typer.Option("vllm", help="Engine: vllm (default), torch or remote."),
+    upstream: list[str] | None = UPSTREAM,
     model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
     session: str | None = typer.Option(
         None, help="Resume this existing session (with --new: start a session with this id)."),
@@ -218,7 +233,7 @@ def chat(
         # instead of a UnicodeDecodeError that would end the REPL
         sys.stdin.reconfigure(errors="surrogateescape")
     with err_console.status(f"starting the {engine} engine on {model} ..."), quiet_stdout():
-        mgr = _make_manager(engine, model, url, max_model_len)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream)
     try:
         sid = _session_to_use(mgr, session, new)
         info = (mgr.get_session(sid) if sid is not None and not new
@@ -276,7 +291,8 @@ def ask(
     session: str | None = typer.Option(
         None, help="Continue this existing session (with --new: create it with this turn)."),
     new: bool = typer.Option(False, "--new", help="Create the --session id instead of resuming."),
-    engine: str = typer.Option("vllm", help="Engine: vllm (default) or torch."),
+    engine: str = typer.Option("vllm", help="Engine: vllm (default), torch or remote."),
+    upstream: list[str] | None = UPSTREAM,
     model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
     max_tokens: int = typer.Option(256, help="Reply length limit in tokens."),
     temperature: float | None = typer.Option(
@@ -292,7 +308,7 @@ def ask(
     if not text.strip():
         raise InvalidRequestError("the message is empty")
     with quiet_stdout():  # engine start-up logs go to stderr
-        mgr = _make_manager(engine, model, url, max_model_len)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream)
     try:
         sid = _session_to_use(mgr, session, new) or uuid.uuid4().hex
         # create=True: the session row is written with the turn's commit, never before it

@@ -11,7 +11,7 @@ from typing import Any
 from suffixmem.errors import ConfigError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-ENGINES = ("vllm", "torch")
+ENGINES = ("vllm", "torch", "remote")
 
 def suffixmem_home() -> Path:
     """Where models and the default database live: ``$SUFFIXMEM_HOME`` or the user cache dir.

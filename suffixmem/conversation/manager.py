@@ -19,8 +19,9 @@ commit, so a failed first turn leaves no session.
 
 **Concurrency.** Turns of one session are serialised by a per-session lock held only while the
 turn runs (``locks``); an abandoned stream releases it when collected; a waiting turn times out
-with ``SessionBusyError``. Different sessions never wait for each other. The store serialises
-writers too, so several managers (processes) sharing one database lose nothing.
+with ``SessionBusyError``. Different sessions never wait for each other. On PostgreSQL an
+advisory lock (``cluster.SharedTurnLock``) extends that across processes, and a turn plans again
+from the stored history once it holds it, so no process generates from stale history.
 
 The manager never imports torch or vLLM: it speaks the ``Engine`` protocol only.
 """
@@ -35,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from suffixmem.conversation import segment_log
+from suffixmem.conversation.cluster import SharedTurnLock
 from suffixmem.conversation.layout import LAYOUTS, Layout
 from suffixmem.conversation.locks import SessionBusyError, SessionLocks
 from suffixmem.conversation.manager_config import ManagerConfig, SessionInfo
@@ -98,6 +100,7 @@ class ConversationManager:
         self.topics = TopicCache(self.config.detect_topics, self.config.topic_detector,
                                  default_detector)
         self._locks = SessionLocks(self.config.lock_timeout_s)
+        self._shared = SharedTurnLock(self.store)  # across processes (PostgreSQL)
         # session -> writes by this manager; a turn re-reads its state only if it moved
         self._versions: dict[str, int] = {}
         self._bookkeeping = ThreadPoolExecutor(1, thread_name_prefix="suffixmem-segments")
@@ -324,9 +327,14 @@ class ConversationManager:
              ) -> Iterator[TokenEvent | TurnResult]:
         sid = plan.spec.session_id
         lock = self._locks.hold(sid, f"turn {id(plan):x}") if sid is not None else no_lock()
-        with lock:
-            if sid is not None and self._versions.get(sid, 0) != plan.spec.version:
-                plan = self._plan(respec())  # another turn of this manager landed meanwhile
+        shared = (self._shared.hold(sid, self.config.lock_timeout_s) if sid is not None
+                  else no_lock())
+        with lock, shared:
+            if sid is not None and (self._shared.shared
+                                    or self._versions.get(sid, 0) != plan.spec.version):
+                # another turn of this manager landed meanwhile, or, on a database shared by
+                # several processes, may have: plan again from what is stored now
+                plan = self._plan(respec())
             if plan.verdict.jump and sid is not None:
                 self._release(sid)
             engine_start = time.perf_counter()

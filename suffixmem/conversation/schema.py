@@ -52,6 +52,8 @@ class SessionRow(Base):
     state: Mapped[str] = mapped_column(String(32), default="active")
     window_start: Mapped[int] = mapped_column(Integer, default=0)
     forked_from: Mapped[str | None] = mapped_column(String(128))
+    # the replica that served its last turn (remote engine; migration 0002)
+    replica: Mapped[str | None] = mapped_column(String(512))
 
 
 class MessageRow(Base):
