@@ -70,3 +70,27 @@ def test_layout_bench_on_vllm(vllm_engine: Any) -> None:
     assert r["suffixmem_evictions"] >= 1 and r["sliding_window_evictions"] >= 1
     assert r["suffixmem_evictions"] < r["sliding_window_evictions"]
     assert 0.0 <= r["sliding_window_hit_rate"] < r["suffixmem_hit_rate"] <= 1.0
+    _check_layout_figures(r, 14)
+
+
+def _check_layout_figures(r: dict[str, Any], turns: int) -> None:
+    for name in ("stable", "sliding"):
+        f = r["layouts"][name]
+        assert f["tokens_computed"] == f["prompt_tokens"] - f["cached_tokens"] > 0
+        # history was evicted, so fewer earlier turns than the session had are kept
+        assert 0 < f["turns_kept_final"] < turns - 1
+        assert 0 < f["turns_kept_mean"] < (turns - 1) / 2
+
+
+@pytest.mark.slow
+def test_layout_bench_on_torch_counts_kept_turns_and_computed_tokens() -> None:
+    from suffixmem.engine import create_engine
+    from suffixmem_bench.layout import run_layout
+
+    engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.25)
+    try:
+        r = run_layout(turns=10, context_window=448, max_tokens=16, engine=engine)
+    finally:
+        engine.close()
+    assert r["engine"] == "torch" and r["suffixmem_evictions"] >= 1
+    _check_layout_figures(r, 10)

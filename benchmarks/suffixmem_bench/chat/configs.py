@@ -10,6 +10,7 @@ timed path: the ids are copied, not re-rendered).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -28,6 +29,8 @@ from suffixmem_bench.chat.peers import (
     kv_bytes_per_token,
     vllm_held_blocks,
 )
+
+KEEP_DB_ENV = "SUFFIXMEM_BENCH_KEEP_DB"
 
 
 class SuffixmemChat(ChatConfig):
@@ -54,7 +57,12 @@ class SuffixmemChat(ChatConfig):
         self._recorded = threading.local()
         self._wrap_stream()
         self._tmp = tempfile.TemporaryDirectory(prefix="suffixmem-bench-")
-        url = f"sqlite:///{Path(self._tmp.name) / 'bench.db'}"
+        # KEEP_DB_ENV (``bench chat --keep-db DIR``): the database, with the segment log
+        # ``bench retention --trace`` replays, stays in DIR/<configuration>.db
+        keep = os.environ.get(KEEP_DB_ENV)
+        folder = Path(keep) if keep else Path(self._tmp.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{folder / (name + '.db')}"
         self.manager = ConversationManager(self.engine, database_url=url,
                                            config=manager_config(segments))
         # The topic detector loads on first use (and is trained once per installation, which
@@ -105,7 +113,8 @@ class SuffixmemChat(ChatConfig):
             raise RuntimeError("stream_chat ended without a TurnResult")
         result = final.result
         return TurnOutcome(final.text, self._recorded_ids(), list(result.token_ids),
-                           final.cached_tokens, ttft or latency, latency, result.ttft_s)
+                           final.cached_tokens, ttft or latency, latency, result.ttft_s,
+                           final.manager_overhead_ms)
 
     def kv_memory(self) -> dict[str, float]:
         stats = self.engine.stats()
@@ -154,8 +163,14 @@ CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] = {
     "transformers": (TransformersGenerate,
                      "transformers generate over the full history, bf16 (no reuse)"),
     "vllm_direct": (lambda o: VLLMHistory("vllm_direct", o, prefix_caching=True),
-                    "vLLM with prefix caching, text history re-rendered, no suffixmem"),
+                    "vLLM with prefix caching, text history re-rendered, no suffixmem "
+                    "(one cache for all sessions)"),
+    "vllm_direct_salted": (
+        lambda o: VLLMHistory("vllm_direct_salted", o, prefix_caching=True, salted=True),
+        "vLLM with prefix caching, one cache salt per session (suffixmem's isolation)"),
 }
+BASELINES: tuple[str, ...] = ("vllm_direct", "vllm_direct_salted", "naive")
+"""The references every configuration is compared with, strongest first (the headline)."""
 DEFAULT_CONFIGS: tuple[str, ...] = tuple(CONFIGS)
 
 
