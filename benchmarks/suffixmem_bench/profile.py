@@ -6,7 +6,9 @@ turns; then py-spy attaches to it (``py-spy record --pid``, all threads, idle ti
 while it runs ``turns`` more turns per session, sequentially (one session) or one thread per
 session at once. The collapsed stacks are folded into the top functions by *self* samples
 (where the CPU was) and by *inclusive* samples (what a call cost with its callees), each as a
-share of all samples, and printed or written as JSON. Start-up and warm-up are not sampled.
+share of all samples, for the whole process and for the callers' threads alone (the manager's
+work around the engine, ``callers``), and printed or written as JSON. Start-up and warm-up
+are not sampled.
 
 Needs ``py-spy`` (``pip install py-spy``) and permission to ptrace one's own children.
 """
@@ -31,11 +33,13 @@ QUESTIONS = (
     "How does a bicycle stay upright?", "What is rain made of?", "Why do cats purr?",
     "What is a prime number?", "How far away is the sun?", "What do bees eat?",
 )
+CALLER_FRAME = "_child.<locals>.run"
 SYSTEM = "You are a helpful assistant. Answer briefly and clearly, in plain English."
 
 
-def fold(raw: str, top: int = 15) -> dict[str, Any]:
-    """Top functions of py-spy's raw (collapsed) output: ``self`` and ``inclusive`` shares."""
+def fold(raw: str, top: int = 15, focus: str | None = None) -> dict[str, Any]:
+    """Top functions of py-spy's raw (collapsed) output: ``self`` and ``inclusive`` shares.
+    ``focus``: only stacks with a frame containing this text (e.g. the callers' threads)."""
     self_n: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     total = 0
@@ -45,7 +49,7 @@ def fold(raw: str, top: int = 15) -> dict[str, Any]:
             continue
         n = int(count)
         frames = [f for f in stack.split(";") if not f.startswith(("thread (", "process "))]
-        if not frames:
+        if not frames or (focus is not None and not any(focus in f for f in frames)):
             continue
         total += n
         self_n[frames[-1]] += n
@@ -126,9 +130,11 @@ def profile_turns(engine: str = "torch", sessions: int = 1, turns: int = 6,
         _, err = spy_proc.communicate(timeout=120)
         if not out.exists():
             raise RuntimeError(f"py-spy wrote nothing: {err.strip()[-300:]}")
-        folded = fold(out.read_text(), top)
+        raw = out.read_text()
+    # the callers' threads: what the manager does around the engine (the driver excluded)
+    callers = fold(raw, top, focus=CALLER_FRAME)
     return {"engine": engine, "sessions": sessions, "turns_per_session": turns,
-            "max_tokens": max_tokens, **summary, **folded}
+            "max_tokens": max_tokens, **summary, **fold(raw, top), "callers": callers}
 
 
 def to_markdown(run: dict[str, Any]) -> str:
@@ -140,6 +146,13 @@ def to_markdown(run: dict[str, Any]) -> str:
             "function |\n|---:|---|---|---:|---|\n")
     rows = []
     for a, b in zip(run["self"], run["inclusive"], strict=False):
+        rows.append(f"| {a['share']:.1%} | `{a['function']}` | | {b['share']:.1%} | "
+                    f"`{b['function']}` |")
+    c = run["callers"]
+    rows.append(f"\nCallers' threads only (the manager around the engine; {c['samples']} "
+                f"samples, {c['samples'] / max(1, run['samples']):.0%} of all):\n\n"
+                "| self | function | | inclusive | function |\n|---:|---|---|---:|---|")
+    for a, b in zip(c["self"], c["inclusive"], strict=False):
         rows.append(f"| {a['share']:.1%} | `{a['function']}` | | {b['share']:.1%} | "
                     f"`{b['function']}` |")
     return head + "\n".join(rows) + "\n"

@@ -29,3 +29,6 @@ def test_fold_counts_self_and_inclusive_once_per_stack() -> None:
     assert incl["turn (m.py:5)"] == pytest.approx(8 / 24)
     assert not any(k.startswith(("thread", "process")) for k in incl)
     assert fold("") == {"samples": 0, "self": [], "inclusive": []}
+    # focus: only the stacks through turn(): 8 samples, render 6 of them
+    f = fold(RAW, focus="turn (")
+    assert f["samples"] == 8 and f["self"][0] == {"function": "render (l.py:9)", "share": 0.75}
