@@ -2,13 +2,13 @@
 
 A child process builds a ``ConversationManager`` over an engine (torch or vllm, temporary
 SQLite), opens ``sessions`` sessions with a shared system prompt and warms each up with two
-turns; then py-spy attaches to it (``py-spy record --pid``, all threads, idle time excluded)
-while it runs ``turns`` more turns per session, sequentially (one session) or one thread per
-session at once. The collapsed stacks are folded into the top functions by *self* samples
-(where the CPU was) and by *inclusive* samples (what a call cost with its callees), each as a
-share of all samples, for the whole process and for the callers' threads alone (the manager's
-work around the engine, ``callers``), and printed or written as JSON. Start-up and warm-up
-are not sampled.
+turns; then py-spy attaches to it (``py-spy record --pid``, all threads) while it runs
+``turns`` more turns per session, sequentially (one session) or one thread per session at
+once; py-spy stops before the engine shuts down. The collapsed stacks are folded into the top
+functions by *self* samples (where the CPU was) and by *inclusive* samples (what a call cost
+with its callees), each as a share of all samples, for the whole process and for the callers'
+threads alone (the manager's work around the engine, ``callers``), and printed or written as
+JSON. Start-up, warm-up and shutdown are not sampled.
 
 Needs ``py-spy`` (``pip install py-spy``) and permission to ptrace one's own children.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,12 +92,13 @@ def _child(engine_name: str, sessions: int, turns: int, max_tokens: int) -> None
         for th in threads:
             th.join()
         wall = time.perf_counter() - t0
+        overhead.sort()
+        print(json.dumps({"wall_s": wall, "turns": len(overhead),
+                          "manager_overhead_ms_p50": overhead[len(overhead) // 2],
+                          "manager_overhead_ms_max": overhead[-1]}), flush=True)
+        sys.stdin.readline()  # the parent stops py-spy first: shutdown is not sampled
         mgr.close()
     engine.close()
-    overhead.sort()
-    print(json.dumps({"wall_s": wall, "turns": len(overhead),
-                      "manager_overhead_ms_p50": overhead[len(overhead) // 2],
-                      "manager_overhead_ms_max": overhead[-1]}), flush=True)
 
 
 def profile_turns(engine: str = "torch", sessions: int = 1, turns: int = 6,
@@ -125,9 +127,12 @@ def profile_turns(engine: str = "torch", sessions: int = 1, turns: int = 6,
         time.sleep(1.0)  # py-spy attaches before the turns start
         child.stdin.write("go\n")
         child.stdin.flush()
-        summary = json.loads(child.stdout.read().strip().splitlines()[-1])
-        child.wait()
+        summary = json.loads(child.stdout.readline())
+        spy_proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
         _, err = spy_proc.communicate(timeout=120)
+        child.stdin.write("close\n")
+        child.stdin.flush()
+        child.wait()
         if not out.exists():
             raise RuntimeError(f"py-spy wrote nothing: {err.strip()[-300:]}")
         raw = out.read_text()
