@@ -1,20 +1,27 @@
 """``suffixmem bench engines``: the torch engine, transformers ``generate`` and vLLM on one
-~1,500-token prompt of real text, in one run, against this machine's measured limits.
+~1,500-token prompt of real text, in one process, against this machine's measured limits.
 
-For each engine: cold prefill seconds (nothing cached), warm time to first token (same session,
-same prompt again) and decode milliseconds per token (greedy, EOS ignored, after a cached
-prompt). transformers has no cross-request reuse, so its "warm" figure is another full prefill.
+For each engine: cold prefill seconds (a fresh session: nothing cached), warm time to first
+token (same session, same prompt again) and decode milliseconds per token (greedy, EOS ignored,
+after a cached prompt). transformers has no cross-request reuse, so its "warm" figure is another
+full prefill. Measurement follows ``measure``: all engines are built at one thread count, then
+measured A/B/C/A/B/C for ``repeats`` (>= 3) rounds; each figure is the median with its min, max
+and runs; this is done at 1 thread and at all cores (``by_threads``; the top-level figures are
+at all cores). The JSON carries ``commit``, ``load_avg``, ``matmul_gflops`` and ``noisy``.
 
 Limits are measured in the same process just before: a large bf16 matmul (FLOP/s) and a
 large memory copy (bytes read + written per second). Each engine's prefill is then expressed as
 a fraction of the matmul rate (model FLOPs / prefill time), and its decode as a fraction of the
-copy bandwidth (bytes of weights and KV read per token / decode time).
+copy bandwidth (bytes of weights and KV read per token / decode time). ``limits`` also holds
+the bandwidth limit of one decode step (``bandwidth_limit_ms``: weight bytes / copy bandwidth)
+and the torch model runner's batch-1 and batch-4 decode step against it
+(``runner_decode_ms_per_token_b1``/``_b4``, ``runner_ratio_b1``/``_b4``).
 """
 
 from __future__ import annotations
 
 import json
-import statistics
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,6 +31,7 @@ import typer
 
 from suffixmem.config import DEFAULT_MODEL
 from suffixmem_bench.corpus import reference_text
+from suffixmem_bench.measure import RunContext, check_repeats, interleave, set_threads, spread
 
 ENGINE_NAMES = ("torch", "transformers", "vllm")
 
@@ -72,72 +80,137 @@ def model_costs(model_path: Any, prompt_tokens: int) -> dict[str, float]:
     return {"prefill_flops": float(flops), "decode_bytes_per_token": float(2 * (params + kv))}
 
 
-def _protocol_engine(name: str, model: str, prompt: Sequence[int], decode_tokens: int,
-                     repeats: int) -> dict[str, float]:
-    """Cold, warm and decode figures of a suffixmem engine (torch or vllm)."""
-    from suffixmem.engine import create_engine
-    from suffixmem.engine.protocol import Message, Request, SamplingParams
+class _ProtocolArm:
+    """A suffixmem engine (torch or vllm) built once, measured once per round: cold prefill
+    (a fresh session: nothing cached), warm TTFT (the same prompt again) and decode."""
 
-    engine = create_engine(name, model=model, max_model_len=4096, kv_cache_gib=1.0)
-    try:
-        one = SamplingParams(max_tokens=1)
+    def __init__(self, name: str, model: str, prompt: Sequence[int], decode_tokens: int,
+                 threads: int) -> None:
+        from suffixmem.engine import create_engine
+        from suffixmem.engine.protocol import Message, Request, SamplingParams
+
+        flags: dict[str, Any] = {"extra": {"num_threads": threads}} if name == "torch" else {}
+        self.engine = create_engine(name, model=model, max_model_len=4096, kv_cache_gib=1.0,
+                                    **flags)
+        self.prompt = list(prompt)
+        self.decode_tokens = decode_tokens
         for i in range(2):  # warm-up: one-time start-up costs are not "cold"
-            engine.generate(Request(f"warmup-{i}", messages=[Message("user", "Hello there")],
-                                    sampling=SamplingParams(max_tokens=4)))
+            self.engine.generate(Request(f"warmup-{i}", messages=[Message("user", "Hello")],
+                                         sampling=SamplingParams(max_tokens=4)))
+
+    def __call__(self) -> dict[str, float]:
+        from suffixmem.engine.protocol import Request, SamplingParams
+
+        one = SamplingParams(max_tokens=1)
         session = f"bench-engines-{uuid.uuid4().hex[:8]}"
-        cold = engine.generate(Request(session, token_ids=prompt, sampling=one))
-        warm = [engine.generate(Request(session, token_ids=prompt, sampling=one))
-                for _ in range(repeats)]
-        dec = engine.generate(Request(session, token_ids=prompt, sampling=SamplingParams(
-            max_tokens=decode_tokens + 1, ignore_eos=True)))
-        span = dec.latency_s - dec.ttft_s
+        cold = self.engine.generate(Request(session, token_ids=self.prompt, sampling=one))
+        warm = self.engine.generate(Request(session, token_ids=self.prompt, sampling=one))
+        dec = self.engine.generate(Request(session, token_ids=self.prompt, sampling=SamplingParams(
+            max_tokens=self.decode_tokens + 1, ignore_eos=True)))
         return {
             "prefill_s": cold.ttft_s,
-            "warm_ttft_s": statistics.median(r.ttft_s for r in warm),
-            "decode_ms_per_token": 1000 * span / max(1, dec.output_tokens - 1),
+            "warm_ttft_s": warm.ttft_s,
+            "decode_ms_per_token": 1000 * (dec.latency_s - dec.ttft_s)
+            / max(1, dec.output_tokens - 1),
             "prompt_tokens": float(cold.prompt_tokens),
-            "warm_cached_tokens": float(warm[-1].cached_tokens),
+            "cold_cached_tokens": float(cold.cached_tokens),
+            "warm_cached_tokens": float(warm.cached_tokens),
         }
-    finally:
-        engine.close()
+
+    def close(self) -> None:
+        self.engine.close()
 
 
-def _transformers(model_path: Any, prompt: Sequence[int], decode_tokens: int,
-                  repeats: int) -> dict[str, float]:
-    """transformers ``generate`` in bf16: 1 new token (prefill) and ``decode_tokens + 1``."""
-    import torch
-    from transformers import AutoModelForCausalLM
+class _TransformersArm:
+    """transformers ``generate`` in bf16: 1 new token (prefill; it has no cross-request reuse,
+    so "warm" is another full prefill) and ``decode_tokens + 1``."""
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).eval()
-    ids = torch.tensor([list(prompt)])
+    def __init__(self, model_path: Any, prompt: Sequence[int], decode_tokens: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
 
-    def gen(n: int) -> float:
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path),
+                                                          dtype=torch.bfloat16).eval()
+        self.ids = torch.tensor([list(prompt)])
+        self.decode_tokens = decode_tokens
+        self._gen(2)  # warm-up on the real prompt (first-call allocations)
+
+    def _gen(self, n: int) -> float:
+        import torch
+
         with torch.inference_mode():
             t = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            out = self.model.generate(self.ids, max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False)
             elapsed = time.perf_counter() - t
-        assert out.shape[1] == ids.shape[1] + n
+        assert out.shape[1] == self.ids.shape[1] + n
         return elapsed
 
-    gen(2)  # warm-up on the real prompt (first-call allocations)
-    cold = gen(1)
-    warm = statistics.median(gen(1) for _ in range(repeats))
-    total = gen(decode_tokens + 1)
-    return {
-        "prefill_s": cold,
-        "warm_ttft_s": warm,
-        "decode_ms_per_token": 1000 * (total - min(cold, warm)) / decode_tokens,
-        "prompt_tokens": float(ids.shape[1]),
-        "warm_cached_tokens": 0.0,
-    }
+    def __call__(self) -> dict[str, float]:
+        cold = self._gen(1)
+        warm = self._gen(1)
+        total = self._gen(self.decode_tokens + 1)
+        return {
+            "prefill_s": cold,
+            "warm_ttft_s": warm,
+            "decode_ms_per_token": 1000 * (total - min(cold, warm)) / self.decode_tokens,
+            "prompt_tokens": float(self.ids.shape[1]),
+            "cold_cached_tokens": 0.0,
+            "warm_cached_tokens": 0.0,
+        }
+
+    def close(self) -> None:
+        del self.model
+
+
+TIMED = ("prefill_s", "warm_ttft_s", "decode_ms_per_token")
+
+
+def _measure_at(threads: int, engines: Sequence[str], model: str, path: Any,
+                prompt: Sequence[int], decode_tokens: int, repeats: int
+                ) -> dict[str, dict[str, Any]]:
+    """Every engine built at ``threads`` threads, then measured A/B/C/A/B/C... ``repeats``
+    rounds. An engine that cannot be built (vLLM missing) is reported, not estimated."""
+    set_threads(threads)
+    arms: dict[str, Any] = {}
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for name in engines:
+            try:
+                arms[name] = (_TransformersArm(path, prompt, decode_tokens)
+                              if name == "transformers"
+                              else _ProtocolArm(name, model, prompt, decode_tokens, threads))
+            except Exception as e:  # one engine failing must not hide the others
+                out[name] = {"error": f"{type(e).__name__}: {e}"}
+            set_threads(threads)  # vLLM may have changed it
+
+        def arm(a: Any) -> Any:
+            def run() -> dict[str, float]:
+                set_threads(threads)  # every arm at the same count, whatever the last did
+                return a()  # type: ignore[no-any-return]
+            return run
+
+        runs = interleave({n: arm(a) for n, a in arms.items()}, repeats)
+    finally:
+        for a in arms.values():
+            a.close()
+    for name, rs in runs.items():
+        fig: dict[str, Any] = {k: rs[-1][k] for k in rs[-1] if k not in TIMED}
+        for key in TIMED:
+            s = spread([r[key] for r in rs])
+            fig[key] = s["median"]
+            fig[f"{key}_runs"] = s["runs"]
+            fig[f"{key}_min"], fig[f"{key}_max"] = s["min"], s["max"]
+        out[name] = fig
+    return {n: out[n] for n in engines if n in out}
 
 
 def run_engines(prompt_tokens: int = 1500, decode_tokens: int = 64, model: str = DEFAULT_MODEL,
-                engines: Sequence[str] = ENGINE_NAMES, repeats: int = 3) -> dict[str, Any]:
-    """Measure every engine in ``engines`` on one prompt; returns the JSON-ready figures."""
-    import os
-
-    import torch
+                engines: Sequence[str] = ENGINE_NAMES, repeats: int = 3,
+                threads: Sequence[int] | None = None, limit_steps: int = 32) -> dict[str, Any]:
+    """Measure every engine in ``engines`` on one prompt, interleaved, at each thread count of
+    ``threads`` (default: 1 and all cores); returns the JSON-ready figures. The top-level
+    ``engines`` figures are those at the largest thread count; ``by_threads`` has them all."""
     from transformers import AutoTokenizer
 
     from suffixmem.chat_template import ChatTemplate
@@ -147,49 +220,68 @@ def run_engines(prompt_tokens: int = 1500, decode_tokens: int = 64, model: str =
     unknown = [e for e in engines if e not in ENGINE_NAMES]
     if unknown:
         raise typer.BadParameter(f"unknown engines {unknown}; expected some of {ENGINE_NAMES}")
-    torch.set_num_threads(os.cpu_count() or 1)
+    check_repeats(repeats)
+    cores = os.cpu_count() or 1
+    counts = sorted(set(threads or (1, cores)))
     path = resolve_model(model)
     tok = AutoTokenizer.from_pretrained(str(path))
     doc = reference_text(prompt_tokens - 40,
                          lambda t: len(tok(t, add_special_tokens=False)["input_ids"]))
     prompt = ChatTemplate(tok).render(
         [Message("user", f"{doc}\n\nSummarize the text above in one sentence.")])
-    limits = measure_limits()
-    costs = model_costs(path, len(prompt))
-    out: dict[str, Any] = {}
-    for name in engines:
-        try:
-            if name == "transformers":
-                figures = _transformers(path, prompt, decode_tokens, repeats)
-            else:
-                figures = _protocol_engine(name, model, prompt, decode_tokens, repeats)
-        except Exception as e:  # one engine failing (vLLM missing) must not hide the others
-            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    with RunContext(counts[-1]) as ctx:
+        set_threads(counts[-1])
+        limits = measure_limits()
+        limits.update(model_costs(path, len(prompt)))
+        limits.update(decode_limits(path, limits["copy_bytes_per_s"], limit_steps))
+        by_threads = {str(t): _measure_at(t, engines, model, path, prompt, decode_tokens,
+                                          repeats) for t in counts}
+    out = by_threads[str(counts[-1])]
+    for figures in out.values():
+        if "error" in figures:
             continue
-        torch.set_num_threads(os.cpu_count() or 1)  # vLLM may have changed it
         figures["prefill_flops_fraction"] = (
-            costs["prefill_flops"] / figures["prefill_s"] / limits["bf16_matmul_flops_per_s"])
+            limits["prefill_flops"] / figures["prefill_s"] / limits["bf16_matmul_flops_per_s"])
         figures["decode_bandwidth_fraction"] = (
-            costs["decode_bytes_per_token"] / (figures["decode_ms_per_token"] / 1000)
+            limits["decode_bytes_per_token"] / (figures["decode_ms_per_token"] / 1000)
             / limits["copy_bytes_per_s"])
-        out[name] = figures
+        figures["decode_over_limit"] = (figures["decode_ms_per_token"]
+                                        / limits["bandwidth_limit_ms"])
     return {
         "prompt_tokens": len(prompt),
         "decode_tokens": decode_tokens,
+        "repeats": repeats,
         "engines": out,
-        "limits": {**limits, **costs},
-        "targets": _targets(out),
+        "by_threads": by_threads,
+        "limits": limits,
+        "targets": _targets(out, limits),
+        **ctx.fields(),
+        "threads": counts,
     }
 
 
-def _targets(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets for the torch engine, as measured ratios."""
+def decode_limits(path: Any, copy_bytes_per_s: float, steps: int = 32) -> dict[str, float]:
+    """Batch-1 and batch-4 decode steps of the torch model runner against the memory-bandwidth
+    limit (weights bytes / measured copy bandwidth), from ``model_runner.measure_decode``."""
+    from suffixmem.engine.torch.model_runner import measure_decode
+
+    d = measure_decode(path, batch_sizes=(1, 4), steps=steps,
+                       mem_bytes_per_s=copy_bytes_per_s)
+    return {f"runner_{k}" if k.startswith(("decode_", "ratio_")) else k: v for k, v in d.items()
+            if k != "threads"}
+
+
+def _targets(engines: dict[str, dict[str, Any]], limits: dict[str, float]) -> dict[str, Any]:
+    """The issues' targets for the torch engine, as measured ratios (medians)."""
     t, hf = engines.get("torch", {}), engines.get("transformers", {})
     if "prefill_s" not in t:
         return {}
     res: dict[str, Any] = {
         "warm_over_cold": t["warm_ttft_s"] / t["prefill_s"],
         "warm_ttft_at_most_1_20_of_cold": t["warm_ttft_s"] <= t["prefill_s"] / 20,
+        "decode_over_bandwidth_limit": t["decode_ms_per_token"] / limits["bandwidth_limit_ms"],
+        "decode_at_most_2x_bandwidth_limit": (
+            t["decode_ms_per_token"] <= 2 * limits["bandwidth_limit_ms"]),
     }
     if "prefill_s" in hf:
         res.update(
@@ -209,7 +301,9 @@ def register(bench: typer.Typer) -> None:
         decode_tokens: int = typer.Option(64, help="Tokens decoded for the per-token figure."),
         engines: str = typer.Option(",".join(ENGINE_NAMES), help="Comma-separated engines."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
-        repeats: int = typer.Option(3, help="Warm runs (median)."),
+        repeats: int = typer.Option(3, help="Interleaved rounds (>= 3; median, min, max)."),
+        threads: str = typer.Option("", help="Comma-separated thread counts "
+                                    "(default: 1 and all cores)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Prefill, warm TTFT and decode speed of torch, transformers and vLLM, vs limits."""
@@ -221,7 +315,8 @@ def register(bench: typer.Typer) -> None:
 
         names = [e.strip() for e in engines.split(",") if e.strip()]
         with quiet_stdout(as_json):
-            result = run_engines(prompt_tokens, decode_tokens, model, names, repeats)
+            counts = [int(t) for t in threads.split(",") if t.strip()] or None
+            result = run_engines(prompt_tokens, decode_tokens, model, names, repeats, counts)
         if as_json:
             print(json.dumps(result))
             return
@@ -241,14 +336,23 @@ def _print(console: Any, result: dict[str, Any]) -> None:
         if "error" in f:
             table.add_row(name, f"[red]{f['error']}[/]", "", "", "", "")
             continue
-        table.add_row(name, f"{f['prefill_s']:.2f} s", f"{f['warm_ttft_s'] * 1000:.0f} ms",
-                      f"{f['decode_ms_per_token']:.1f} ms",
+        table.add_row(name, f"{f['prefill_s']:.2f} s ({f['prefill_s_min']:.2f}-"
+                      f"{f['prefill_s_max']:.2f})",
+                      f"{f['warm_ttft_s'] * 1000:.0f} ms",
+                      f"{f['decode_ms_per_token']:.1f} ms ({f['decode_ms_per_token_min']:.1f}-"
+                      f"{f['decode_ms_per_token_max']:.1f})",
                       f"{100 * f['prefill_flops_fraction']:.0f}%",
                       f"{100 * f['decode_bandwidth_fraction']:.0f}%")
     console.print(table)
     console.print(f"limits: bf16 matmul {lim['bf16_matmul_flops_per_s'] / 1e9:.0f} GFLOP/s, "
                   f"copy {lim['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
-                  f"{int(lim['threads'])} threads")
+                  f"{int(lim['threads'])} threads; decode limit "
+                  f"{lim['bandwidth_limit_ms']:.1f} ms/step, runner batch 1 "
+                  f"{lim['runner_decode_ms_per_token_b1']:.1f} ms, batch 4 "
+                  f"{lim['runner_decode_ms_per_token_b4']:.1f} ms")
+    console.print(f"median of {result['repeats']} interleaved rounds; load "
+                  f"{result['load_avg']['before']} -> {result['load_avg']['after']}"
+                  + ("; [red]NOISY: do not publish[/]" if result["noisy"] else ""))
     for key, value in result["targets"].items():
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         console.print(f"  {key}: {shown}")

@@ -7,6 +7,12 @@ enough that the history must be evicted: once with ``CacheStableLayout`` (chunke
 once with ``SlidingWindowLayout`` (LlamaIndex ``ChatMemoryBuffer``'s policy). The hit rate is
 vLLM's own count: the sum over turns of ``cached_tokens`` (prefix-cache hits reported by the
 engine, ``RequestOutput.num_cached_tokens``) over the sum of ``prompt_tokens``.
+
+Beside the hit rate, for both layouts (issue 10 item 4): ``tokens_computed`` (prompt tokens the
+engine had to compute: prompt minus cached, summed over turns) and the turns of history kept in
+the prompt (earlier user/assistant turns actually rendered; mean over turns and at the end),
+counted from the prompt token ids the engine received (``<|im_start|>`` markers beyond those of
+a first turn, two per kept turn). A layout that hits more by keeping less history is visible.
 """
 
 from __future__ import annotations
@@ -36,28 +42,72 @@ def session_questions(turns: int, seed: int = 0) -> list[str]:
     return qs[:turns]
 
 
+def _marker_id(engine: Any) -> int:
+    """The id of the chat template's message-start token (ChatML ``<|im_start|>``)."""
+    from transformers import AutoTokenizer
+
+    from suffixmem.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model(engine.model_name, progress=False)))
+    marker = tok.convert_tokens_to_ids("<|im_start|>")
+    if not isinstance(marker, int) or marker == tok.unk_token_id:
+        raise ValueError(f"{engine.model_name}: no <|im_start|> token to count turns by")
+    return marker
+
+
+class _PromptSpy:
+    """Wraps ``engine.stream`` to keep the last prompt's token ids (outside any timing)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.inner = engine.stream
+        self.last: list[int] = []
+
+    def __enter__(self) -> _PromptSpy:
+        def stream(request: Any) -> Any:
+            self.last = list(request.token_ids if request.token_ids is not None
+                             else self.engine.render(request.messages))
+            return self.inner(request)
+
+        self.engine.stream = stream
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.stream = self.inner
+
+
 def run_session(engine: Any, layout: str, questions: list[str], context_window: int,
                 max_tokens: int, evict_fraction: float, database_url: str) -> dict[str, Any]:
     """One session through the manager; the per-turn engine figures, summed."""
     from suffixmem.conversation.manager import ConversationManager, ManagerConfig
+
+    marker = _marker_id(engine)
 
     cfg = ManagerConfig(
         system_prompt=SYSTEM_PROMPT, layout=layout, evict_fraction=evict_fraction,
         context_window=context_window, max_tokens=max_tokens, detect_topics=False,
         record_segments=False,
     )
-    with ConversationManager(engine, database_url, cfg) as mgr:
+    with ConversationManager(engine, database_url, cfg) as mgr, _PromptSpy(engine) as spy:
         sid = mgr.open_session(f"bench-{layout}-{uuid.uuid4().hex[:8]}").id
         prompt = cached = evictions = 0
         per_turn = []
-        for q in questions:
+        kept: list[int] = []
+        base = 0
+        for i, q in enumerate(questions):
             t = mgr.chat(sid, q, temperature=0.0, max_tokens=max_tokens)
             prompt += t.prompt_tokens
             cached += t.cached_tokens
             evictions += int(t.evicted_turns > 0)
-            per_turn.append((t.prompt_tokens, t.cached_tokens, t.evicted_turns))
+            markers = spy.last.count(marker)
+            base = base or markers  # the first turn has no history
+            kept.append((markers - base) // 2)
+            assert kept[-1] <= i, "more turns in the prompt than the session has had"
+            per_turn.append((t.prompt_tokens, t.cached_tokens, t.evicted_turns, kept[-1]))
     return {"hit_rate": cached / prompt if prompt else 0.0, "prompt_tokens": prompt,
-            "cached_tokens": cached, "evictions": evictions, "per_turn": per_turn}
+            "cached_tokens": cached, "tokens_computed": prompt - cached,
+            "evictions": evictions, "turns_kept_mean": sum(kept) / len(kept) if kept else 0.0,
+            "turns_kept_final": kept[-1] if kept else 0, "per_turn": per_turn}
 
 
 def run_layout(turns: int = 40, context_window: int = 2048, max_tokens: int = 64,
@@ -92,6 +142,8 @@ def run_layout(turns: int = 40, context_window: int = 2048, max_tokens: int = 64
         "sliding_window_evictions": sliding["evictions"],
         "suffixmem_prompt_tokens": stable["prompt_tokens"],
         "sliding_window_prompt_tokens": sliding["prompt_tokens"],
+        "layouts": {name: {k: v for k, v in r.items() if k != "per_turn"}
+                    for name, r in (("stable", stable), ("sliding", sliding))},
         "engine": getattr(engine, "name", "?"),
     }
 
@@ -110,9 +162,11 @@ def register(bench: Any) -> None:
     ) -> None:
         """Cache hit rate: cache-stable layout vs a per-message sliding window (vLLM)."""
         from suffixmem.stdio import quiet_stdout
+        from suffixmem_bench.measure import RunContext
 
-        with quiet_stdout(as_json):
+        with quiet_stdout(as_json), RunContext() as ctx:
             result = run_layout(turns, context_window, max_tokens, evict_fraction, seed)
+        result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
             return
@@ -125,3 +179,7 @@ def register(bench: Any) -> None:
                 f"({result['suffixmem_evictions']} evictions)")
         c.print(f"sliding window:      hit rate {result['sliding_window_hit_rate']:.3f} "
                 f"({result['sliding_window_evictions']} evictions)")
+        for name, r in result["layouts"].items():
+            c.print(f"{name}: {r['tokens_computed']} tokens computed, "
+                    f"{r['turns_kept_mean']:.1f} turns of history kept on average "
+                    f"({r['turns_kept_final']} at the end)")

@@ -562,7 +562,9 @@ def register(bench: typer.Typer) -> None:
 
         console = Console()
 
-        with quiet_stdout(as_json):
+        from suffixmem_bench.measure import RunContext
+
+        with quiet_stdout(as_json), RunContext(threads) as ctx:
             result = run_segments(
                 [int(x) for x in k.split(",")], [float(x) for x in r.split(",")], prompts,
                 segments, segment_tokens, continuation, dtype,
@@ -571,6 +573,7 @@ def register(bench: typer.Typer) -> None:
                 scenario_prompts=scenario_prompts or None,
                 progress=None if as_json else lambda m: console.print(f"[dim]{m}[/]"),
             )
+        result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
             return

@@ -235,7 +235,11 @@ def register(bench: Any) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Precision/recall/F1 of topic-jump detection on held-out topics and natural chats."""
-        result = run_topics(sessions, seed, language or None)
+        from suffixmem_bench.measure import RunContext
+
+        with RunContext() as ctx:  # quality figures, but the JSON carries the run's context too
+            result = run_topics(sessions, seed, language or None)
+        result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
             return

@@ -65,8 +65,11 @@ def register(bench: typer.Typer) -> None:
 
         console = Console()
 
-        with quiet_stdout(as_json):
+        from suffixmem_bench.measure import RunContext
+
+        with quiet_stdout(as_json), RunContext() as ctx:
             result = run_ttft(engine, prompt_tokens, model)
+        result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
             return

@@ -37,11 +37,15 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), [
         "chat", "--configs", "naive,transformers", "--sessions", "1", "--turns", "2",
         "--max-tokens", "4", "--system-tokens", "40", "--out", str(tmp_path), "--json",
+        "--repeats", "3",
     ])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert set(report) >= {"configs", "targets", "machine", "workload"}
     assert report["workload"]["sessions"] == 1 and report["workload"]["turns"] == 2
+    assert report["workload"]["repeats"] == 3 and report["baselines"] == ["naive"]
+    assert isinstance(report["noisy"], bool) and report["commit"]
+    assert report["matmul_gflops"]["before"] > 0 and len(report["load_avg"]["after"]) == 3
     for name in ("naive", "transformers"):
         fig = report["configs"][name]
         assert fig["status"] == "ok", fig
@@ -55,6 +59,11 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
         # configuration reuses anything (naive has prefix caching off)
         assert 0 < fig["hit_ceiling"] < 1
         assert fig["hit_rate"] == 0
+        assert fig["hit_ceiling"] <= fig["hit_ceiling_cross_session"] < 1
+        assert fig["manager_overhead_ms_p50"] is None  # no manager in these configurations
+        assert fig["repeats"] == 3 and len(fig["runs"]["ttft_p50_s"]) == 3
+        lo, hi = fig["spread"]["ttft_p50_s"]
+        assert lo <= fig["ttft_p50_s"] <= hi
     assert report["configs"]["naive"]["ttft_p50_vs_naive"] == 1.0
     ratio = report["configs"]["transformers"]["latency_p50_vs_naive"]
     assert math.isclose(ratio, report["configs"]["transformers"]["latency_p50_s"]
@@ -65,8 +74,9 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     md = (folder / "report.md").read_text()
     assert "| naive |" in md and "| transformers |" in md
     turns = [json.loads(line) for line in (folder / "turns.jsonl").read_text().splitlines()]
-    assert [(t["config"], t["turn"]) for t in turns] == [
-        ("naive", 1), ("naive", 2), ("transformers", 1), ("transformers", 2)]
+    # alternating processes: every configuration once per round
+    assert [(t["repeat"], t["config"], t["turn"]) for t in turns] == [
+        (r, c, n) for r in range(3) for c in ("naive", "transformers") for n in (1, 2)]
     first, second = turns[0], turns[1]
     assert first["seen_tokens"] == 0
     assert 0 < second["seen_tokens"] <= first["prompt_tokens"] + first["output_tokens"]

@@ -30,15 +30,30 @@ def test_measure_limits_reports_positive_rates() -> None:
 
 
 @pytest.mark.slow
-def test_run_engines_torch_only() -> None:
-    out = run_engines(prompt_tokens=300, decode_tokens=4, engines=("torch",), repeats=1)
+def test_run_engines_torch_only_interleaved_at_two_thread_counts() -> None:
+    out = run_engines(prompt_tokens=300, decode_tokens=4, engines=("torch",), repeats=3,
+                      threads=(1, 2), limit_steps=2)
     t = out["engines"]["torch"]
+    assert out["threads"] == [1, 2] and out["repeats"] == 3
+    assert set(out["by_threads"]) == {"1", "2"} and out["by_threads"]["2"]["torch"] is t
     assert out["prompt_tokens"] == t["prompt_tokens"] > 200
+    # cold is a fresh session (nothing cached); warm hits every full block but the last token
+    assert t["cold_cached_tokens"] == 0
     assert t["warm_cached_tokens"] == (out["prompt_tokens"] - 1) // 16 * 16
-    assert 0 < t["warm_ttft_s"] < t["prefill_s"]
-    assert t["decode_ms_per_token"] > 0
+    for key in ("prefill_s", "warm_ttft_s", "decode_ms_per_token"):
+        runs = t[f"{key}_runs"]
+        assert len(runs) == 3 and t[f"{key}_min"] <= t[key] <= t[f"{key}_max"]
+        assert t[key] == sorted(runs)[1]
     assert t["prefill_flops_fraction"] > 0 and t["decode_bandwidth_fraction"] > 0
-    assert set(out["limits"]) >= {"bf16_matmul_flops_per_s", "copy_bytes_per_s"}
+    lim = out["limits"]
+    assert lim["bandwidth_limit_ms"] == pytest.approx(
+        lim["weights_bytes"] / lim["copy_bytes_per_s"] * 1e3)
+    assert lim["runner_decode_ms_per_token_b1"] > lim["bandwidth_limit_ms"]
+    assert lim["runner_ratio_b4"] > 0
     assert out["targets"]["warm_over_cold"] == t["warm_ttft_s"] / t["prefill_s"]
+    assert isinstance(out["noisy"], bool) and out["commit"]
+    assert out["matmul_gflops"]["before"] > 0 and len(out["load_avg"]["after"]) == 3
     with pytest.raises(Exception, match="unknown engines"):
         run_engines(engines=("nope",))
+    with pytest.raises(ValueError, match="repeats must be"):
+        run_engines(engines=("torch",), repeats=2)

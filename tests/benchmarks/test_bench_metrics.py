@@ -16,6 +16,7 @@ from suffixmem_bench.chat.metrics import (
     by_turn,
     common_prefix_len,
     evaluate_targets,
+    merge_repeats,
     percentile,
     summarize,
 )
@@ -159,3 +160,67 @@ def test_long_targets_and_missing_reference() -> None:
     configs["suffixmem_vllm"]["hit_rate"] = 0.85  # 0.85 < 0.95 * 0.9 = 0.855
     t = evaluate_targets(configs, "long")
     assert t["hit_rate_ge_95pct_of_ceiling"]["passed"] is False
+
+
+def test_cross_session_ceiling_counts_what_any_session_saw() -> None:
+    tracker = CeilingTracker()
+    system = [1, 2, 3, 4]
+    assert tracker.observe_both("a", [*system, 10], [11]) == (0, 0)
+    # session b starts with the same system prompt: nothing in its own past, 4 tokens seen
+    assert tracker.observe_both("b", [*system, 20], [21]) == (0, 4)
+    # a's second turn: its own prompt + reply (6 tokens) beats b's shared 4
+    assert tracker.observe_both("a", [*system, 10, 11, 12], []) == (6, 6)
+    # a third session sending a's whole earlier conversation sees all of it across sessions
+    assert tracker.observe_both("c", [*system, 10, 11, 12, 99], []) == (0, 7)
+
+
+def test_summarize_reports_manager_overhead_and_both_ceilings() -> None:
+    recs = _records()
+    for i, r in enumerate(recs):
+        r.seen_any_tokens = r.seen_tokens + 10
+        r.manager_overhead_ms = float(i)  # 0 .. 17
+    fig = summarize(recs, wall_s=9.0)
+    assert fig["manager_overhead_ms_p50"] == pytest.approx(8.5)
+    assert fig["manager_overhead_ms_p99"] == pytest.approx(percentile(range(18), 99))
+    assert fig["hit_ceiling_cross_session"] == pytest.approx(
+        (sum(90 * t for t in range(2, 10)) * 2 + 180) / fig["prompt_tokens"])
+    # peers have no manager: no overhead figure rather than zero
+    assert math.isnan(summarize(_records(), 9.0)["manager_overhead_ms_p50"])
+
+
+def test_merge_repeats_takes_medians_and_spreads() -> None:
+    runs = [_ok(ttft_p50_from_turn8_s=x, output_tok_s=y) for x, y in
+            ((0.3, 10.0), (0.1, 30.0), (0.2, 20.0))]
+    for i, r in enumerate(runs):
+        r["by_turn"] = {"turn": [i]}
+    m = merge_repeats(runs)
+    assert m["ttft_p50_from_turn8_s"] == 0.2 and m["output_tok_s"] == 20.0
+    assert m["spread"]["ttft_p50_from_turn8_s"] == [0.1, 0.3]
+    assert m["runs"]["output_tok_s"] == [10.0, 30.0, 20.0]
+    assert m["repeats"] == 3 and m["by_turn"] == {"turn": [2]}  # the median run's curves
+    failed = {"status": "error", "reason": "boom"}
+    assert merge_repeats([runs[0], failed, runs[1]]) is failed
+
+
+def test_issue19_targets_against_the_same_isolation() -> None:
+    configs = {
+        "vllm_direct": _ok(ttft_p50_from_turn8_s=0.05, output_tok_s=30.0),
+        "vllm_direct_salted": _ok(ttft_p50_from_turn8_s=0.1, output_tok_s=20.0),
+        "suffixmem_vllm": _ok(ttft_p50_from_turn8_s=0.103, output_tok_s=19.4,
+                              manager_overhead_ms_p50=0.8, manager_overhead_ms_p99=6.0),
+        "suffixmem_torch": _ok(ttft_p50_from_turn8_s=0.104, output_tok_s=19.0),
+    }
+    for base in ("vllm_direct", "vllm_direct_salted"):
+        add_ratios(configs, base)
+    assert configs["suffixmem_vllm"]["ttft_p50_from_turn8_vs_vllm_direct"] == pytest.approx(2.06)
+    assert configs["suffixmem_vllm"]["output_tok_vs_vllm_direct_salted"] == pytest.approx(0.97)
+    t = evaluate_targets(configs, "default")
+    ttft = t["ttft_from_turn8_le_1_03x_vllm_direct_same_isolation"]["configs"]
+    assert ttft["suffixmem_vllm"]["passed"] is True  # 0.103 <= 1.03 * 0.1 (salted, not 0.05)
+    assert ttft["suffixmem_torch"]["passed"] is False
+    tok = t["output_tok_s_ge_0_97x_vllm_direct_same_isolation"]["configs"]
+    assert tok["suffixmem_vllm"]["passed"] is True and tok["suffixmem_torch"]["passed"] is False
+    p50 = t["manager_overhead_p50_le_1ms"]["configs"]
+    assert p50["suffixmem_vllm"]["passed"] is True
+    assert p50["suffixmem_torch"]["passed"] is None  # not measured: no verdict
+    assert t["manager_overhead_p99_le_5ms"]["configs"]["suffixmem_vllm"]["passed"] is False

@@ -10,6 +10,7 @@ timed path: the ids are copied, not re-rendered).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -29,6 +30,8 @@ from suffixmem_bench.chat.peers import (
     vllm_held_blocks,
     vllm_pool_extra,
 )
+
+KEEP_DB_ENV = "SUFFIXMEM_BENCH_KEEP_DB"
 
 
 class SuffixmemChat(ChatConfig):
@@ -63,10 +66,13 @@ class SuffixmemChat(ChatConfig):
         self._recorded = threading.local()
         self._wrap_stream()
         self._tmp = tempfile.TemporaryDirectory(prefix="suffixmem-bench-")
-        # with a state folder the database outlives this process (the returning workload)
-        db = Path(options.state_dir) / f"{name}.db" if options.state_dir else \
-            Path(self._tmp.name) / "bench.db"
-        url = f"sqlite:///{db}"
+        # The database outlives this process with a state folder (the returning workload) or
+        # with KEEP_DB_ENV (``bench chat --keep-db DIR``: the segment log that
+        # ``bench retention --trace`` replays stays in DIR/<configuration>.db)
+        keep = os.environ.get(KEEP_DB_ENV)
+        folder = Path(options.state_dir or keep or self._tmp.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{folder / (name + '.db')}"
         mconfig = manager_config(segments)
         if manager_flags:
             from dataclasses import replace
@@ -132,7 +138,8 @@ class SuffixmemChat(ChatConfig):
             raise RuntimeError("stream_chat ended without a TurnResult")
         result = final.result
         return TurnOutcome(final.text, self._recorded_ids(), list(result.token_ids),
-                           final.cached_tokens, ttft or latency, latency, result.ttft_s)
+                           final.cached_tokens, ttft or latency, latency, result.ttft_s,
+                           final.manager_overhead_ms)
 
     def kv_memory(self) -> dict[str, float]:
         stats = self.engine.stats()
@@ -181,7 +188,11 @@ CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] = {
     "transformers": (TransformersGenerate,
                      "transformers generate over the full history, bf16 (no reuse)"),
     "vllm_direct": (lambda o: VLLMHistory("vllm_direct", o, prefix_caching=True),
-                    "vLLM with prefix caching, text history re-rendered, no suffixmem"),
+                    "vLLM with prefix caching, text history re-rendered, no suffixmem "
+                    "(one cache for all sessions)"),
+    "vllm_direct_salted": (
+        lambda o: VLLMHistory("vllm_direct_salted", o, prefix_caching=True, salted=True),
+        "vLLM with prefix caching, one cache salt per session (suffixmem's isolation)"),
 }
 # Capabilities of issue 14's workloads (``suffixmem_bench.workloads``): run with
 # ``--workload NAME``, not by default.
@@ -200,6 +211,9 @@ WORKLOAD_CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] =
                                 engine_flags={"isolation": "app", "tenant": "bench"}),
         "ConversationManager + embedded vLLM, isolation app (one salt for the tenant)"),
 }
+
+BASELINES: tuple[str, ...] = ("vllm_direct", "vllm_direct_salted", "naive")
+"""The references every configuration is compared with, strongest first (the headline)."""
 DEFAULT_CONFIGS: tuple[str, ...] = tuple(CONFIGS)
 CONFIGS.update(WORKLOAD_CONFIGS)
 

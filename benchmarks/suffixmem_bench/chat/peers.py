@@ -35,6 +35,7 @@ class TurnOutcome:
     ttft_s: float
     latency_s: float
     engine_ttft_s: float | None = None
+    manager_overhead_ms: float | None = None  # suffixmem configurations only
 
 
 @dataclass(slots=True)
@@ -147,15 +148,19 @@ class VLLMHistory(ChatConfig):
     ``vllm_direct``: prefix caching on, as vLLM's ``LLM.chat`` user gets it: the chat template
     renders the text history (assistant replies are re-tokenized from their text), and there is
     no per-session cache salt, so all sessions share one namespace (and the system prompt).
+    ``vllm_direct_salted``: the same with one cache salt per session, the isolation suffixmem
+    gives its sessions, so the two compare like for like.
     It runs on suffixmem's ``VLLMEngine`` driver so that the engine settings, the streaming path
     and the TTFT clock are the same as suffixmem_vllm's: the difference between the two is what
     the conversation manager adds or costs.
     """
 
-    def __init__(self, name: str, options: EngineOptions, *, prefix_caching: bool) -> None:
+    def __init__(self, name: str, options: EngineOptions, *, prefix_caching: bool,
+                 salted: bool = False) -> None:
         from suffixmem.engine import create_engine
 
         self.name = name
+        self.salted = salted
         self.options = options
         self.engine = create_engine(
             "vllm", model=options.model, max_model_len=options.max_model_len,
@@ -178,7 +183,8 @@ class VLLMHistory(ChatConfig):
 
         t0 = time.perf_counter()
         ids = self.chat.prompt_ids(session, text)
-        key = "direct" if self.prefix_caching else f"naive-{session}"
+        key = ("direct" if self.prefix_caching and not self.salted
+               else f"{self.name}-{session}")
         request = Request(session_key=key, token_ids=ids,
                           sampling=SamplingParams(temperature=0.0,
                                                   max_tokens=self.options.max_tokens))

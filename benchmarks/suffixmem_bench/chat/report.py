@@ -67,12 +67,23 @@ def _num(x: Any, fmt: str) -> str:
     return "–"
 
 
+HEADLINE = (("vllm_direct", "direct"), ("vllm_direct_salted", "salted"), ("naive", "naive"))
+"""Ratios shown beside each figure, strongest reference first (issue 10: vllm_direct leads)."""
+
+
 def _with_ratio(fig: dict[str, Any], key: str, scale: float, fmt: str) -> str:
     value = fig.get(key)
     cell = _num(value * scale if isinstance(value, int | float) else value, fmt)
-    ratio = fig.get(f"{key.removesuffix('_s')}_vs_naive")
-    if isinstance(ratio, int | float) and math.isfinite(ratio) and cell != "–":
-        cell += f" ({ratio:.2f}×)"
+    spread = (fig.get("spread") or {}).get(key)
+    if spread and cell != "–" and spread[0] != spread[1]:
+        cell += f" [{_num(spread[0] * scale, fmt)}–{_num(spread[1] * scale, fmt)}]"
+    ratios = []
+    for base, label in HEADLINE:
+        ratio = fig.get(f"{key.removesuffix('_s')}_vs_{base}")
+        if isinstance(ratio, int | float) and math.isfinite(ratio):
+            ratios.append(f"{ratio:.2f}× {label}")
+    if ratios and cell != "–":
+        cell += f" ({', '.join(ratios)})"
     return cell
 
 
@@ -85,7 +96,10 @@ COLUMNS: tuple[tuple[str, str, float, str], ...] = (
     ("output tok/s", "output_tok_s", 1, ".1f"),
     ("prompt tok/s", "prompt_tok_s", 1, ".0f"),
     ("hit rate", "hit_rate", 100, ".1f"),
-    ("hit ceiling", "hit_ceiling", 100, ".1f"),
+    ("hit ceiling (session)", "hit_ceiling", 100, ".1f"),
+    ("hit ceiling (all sessions)", "hit_ceiling_cross_session", 100, ".1f"),
+    ("manager overhead p50 ms", "manager_overhead_ms_p50", 1, ".2f"),
+    ("manager overhead p99 ms", "manager_overhead_ms_p99", 1, ".2f"),
     ("peak RSS MB", "peak_rss_mb", 1, ".0f"),
     ("KV pool MB", "kv_pool_mb", 1, ".0f"),
     ("KV held MB", "kv_held_mb", 1, ".1f"),
@@ -93,9 +107,12 @@ COLUMNS: tuple[tuple[str, str, float, str], ...] = (
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    """The figures of every configuration (ratio to naive in parentheses), the targets and the
-    configurations that did not run."""
+    """The figures of every configuration (median [min–max] over the repeats; ratios to
+    vllm_direct, vllm_direct_salted and naive in parentheses), the targets and the
+    configurations that did not run. Baselines come first."""
     configs: dict[str, dict[str, Any]] = report["configs"]
+    first = [b for b, _ in HEADLINE if b in configs]
+    configs = {**{b: configs[b] for b in first}, **configs}
     head = "| configuration | " + " | ".join(c[0] for c in COLUMNS) + " |"
     rule = "|---|" + "---:|" * len(COLUMNS)
     rows = [head, rule]
@@ -131,8 +148,11 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"# suffixmem bench chat — {w['name']} workload ({w['mode']})\n\n"
         f"{w['sessions']} sessions × {w['turns']} turns, system prompt {w['system_tokens']} "
         f"tokens, reference document {w['document_tokens']} tokens, max_tokens "
-        f"{w['max_tokens']}, greedy. Times in ms; ratios to naive in parentheses; hit rates "
-        "in %.\n\n"
+        f"{w['max_tokens']}, greedy. Times in ms; median [min–max] of "
+        f"{w.get('repeats', 1)} alternating rounds; ratios to vllm_direct (one cache for all "
+        "sessions), vllm_direct_salted (a cache per session, suffixmem's isolation) and naive "
+        "in parentheses; hit rates in %."
+        + (" **NOISY RUN: not for publication.**" if report.get("noisy") else "") + "\n\n"
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, "
         f"Python {m['python']}; {versions}; load average at start "
         f"{m.get('load_avg_at_start')}; commit {m.get('git_commit')}; {report['date']}.\n\n"

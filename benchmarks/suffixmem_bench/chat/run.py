@@ -1,7 +1,10 @@
 """``suffixmem bench chat``: multi-session, multi-turn chat against naive recompute and peers.
 
 ``run_chat(...)`` builds the workload (``workload``), runs every configuration in a
-process of its own (``worker``), one after the other, and returns the report:
+process of its own (``worker``), alternating: every configuration once per round for
+``repeats`` (>= 3) rounds (``measure``), and returns the report (medians with ``spread``,
+ratios to each baseline, strongest first: ``_vs_vllm_direct``, ``_vs_vllm_direct_salted``,
+``_vs_naive``; ``commit``, ``load_avg``, ``matmul_gflops``, ``noisy``):
 ``{"configs": {NAME: figures}, "targets": {...}, "machine": {...}, "workload": {...},
 "date": ...}``. Figures are defined in ``metrics``; a configuration that cannot be
 built here (a module not written yet, a package not installed) has ``status: "missing"`` and a
@@ -28,12 +31,13 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from suffixmem_bench.chat.configs import CONFIGS, DEFAULT_CONFIGS
+from suffixmem_bench.chat.configs import BASELINES, CONFIGS, DEFAULT_CONFIGS, KEEP_DB_ENV
 from suffixmem_bench.chat.metrics import (
     TurnRecord,
     add_ratios,
     by_turn,
     evaluate_targets,
+    merge_repeats,
     summarize,
 )
 from suffixmem_bench.chat.peers import EngineOptions
@@ -72,6 +76,7 @@ def run_one(
     name: str, workload: Workload, options: EngineOptions, *, timeout_s: float,
     on_event: Any = None, log_dir: Path, rounds: tuple[int, int] | None = None,
     history: dict[str, list[list[str]]] | None = None, tag: str = "",
+    keep_db: Path | None = None,
 ) -> tuple[dict[str, Any], list[TurnRecord]]:
     """Run configuration ``name`` in a child process; its figures and turn records.
     ``rounds``/``history``: run only those turns, resuming sessions (see ``worker``)."""
@@ -85,6 +90,8 @@ def run_one(
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # every engine gets the same number of threads (vLLM reads this, torch and OpenMP too)
     env["OMP_NUM_THREADS"] = str(options.threads)
+    if keep_db is not None:
+        env[KEEP_DB_ENV] = str(keep_db)
     records: list[TurnRecord] = []
     final: dict[str, Any] = {}
     startup = float("nan")
@@ -150,14 +157,23 @@ def run_chat(
     timeout_s: float = 1800.0,
     progress: bool = True,
     workload_name: str | None = None,
+    repeats: int = 3,
+    keep_db: Path | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run the benchmark; returns the report and every turn's record (with its config name).
+    """Run the benchmark; returns the report and every turn's record (with its config name
+    and repeat). Configurations run as alternating processes (``measure``): every
+    configuration once per round, ``repeats`` (>= 3) rounds; figures are medians with
+    ``spread``. ``keep_db``: keep each suffixmem configuration's database (with its segment
+    log, for ``bench retention --trace``) there, from the last round.
 
     ``workload_name`` picks one of ``suffixmem_bench.workloads`` (``overflow``, ``shared``):
     its builder, its pinned engine options and its targets replace the default ones; the
     sizes given here override the pinned ones only where they differ from this function's
     defaults."""
     from suffixmem.config import DEFAULT_MODEL
+    from suffixmem_bench.measure import RunContext, check_repeats
+
+    check_repeats(repeats)
 
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
@@ -187,15 +203,16 @@ def run_chat(
     options = EngineOptions(model=model, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
                             max_tokens=max_tokens, threads=threads or os.cpu_count() or 1)
     results: dict[str, dict[str, Any]] = {}
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     all_turns: list[dict[str, Any]] = []
-    per_config = sessions * turns
+    per_config = sessions * turns * repeats
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn())
     with tempfile.TemporaryDirectory(prefix="suffixmem-bench-chat-") as tmp, Progress(
         *columns, console=err_console, disable=not progress, transient=False,
-    ) as bar:
+    ) as bar, RunContext(options.threads) as ctx:
         task = bar.add_task("chat benchmark", total=per_config * len(configs))
-        for i, name in enumerate(configs):
+        for rep, i, name in ((r, i, n) for r in range(repeats) for i, n in enumerate(configs)):
             bar.update(task, description=f"[{i + 1}/{len(configs)}] {name}: starting")
             done = 0
 
@@ -213,10 +230,10 @@ def run_chat(
                         f"{event['startup_s']:.0f} s"))
 
             figures, records = run_one(name, workload, options, timeout_s=timeout_s,
-                                       on_event=on_event, log_dir=Path(tmp))
-            bar.update(task, advance=per_config - done)  # skipped or failed turns
-            results[name] = figures
-            all_turns += [{"config": name, **r.to_dict()} for r in records]
+                                       on_event=on_event, log_dir=Path(tmp), keep_db=keep_db)
+            bar.update(task, advance=per_config // repeats - done)  # skipped or failed turns
+            rounds[name].append(figures)
+            all_turns += [{"config": name, "repeat": rep, **r.to_dict()} for r in records]
             if figures["status"] != "ok":
                 bar.console.print(f"[yellow]{name}: {figures['status']}[/] — "
                                   f"{figures['reason'].splitlines()[0]}")
@@ -225,7 +242,9 @@ def run_chat(
                 bar.console.print(
                     f"{name}: {figures['turns']} turns in {figures['wall_s']:.0f} s, TTFT p50 "
                     f"{figures['ttft_p50_s'] * 1000:.0f} ms, hit rate {figures['hit_rate']:.1%}")
-    add_ratios(results)
+    results = {name: merge_repeats(rs) for name, rs in rounds.items()}
+    for baseline in BASELINES:  # the strongest baseline's ratios first in the JSON
+        add_ratios(results, baseline)
     report = {
         "configs": results,
         "targets": (pinned.targets(results) if pinned is not None
@@ -236,8 +255,10 @@ def run_chat(
             "max_tokens": max_tokens, "system_tokens": workload.system_tokens,
             "document_tokens": workload.document_tokens, "model": model,
             "max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib,
-            "threads": options.threads,
+            "threads": options.threads, "repeats": repeats,
         },
+        "baselines": [b for b in BASELINES if results.get(b, {}).get("status") == "ok"],
+        **ctx.fields(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
     return report, all_turns
@@ -298,6 +319,9 @@ def register(bench: typer.Typer) -> None:
         timeout: float = typer.Option(1800.0, help="Per-configuration time limit, seconds."),
         out: str = typer.Option(str(DEFAULT_OUT),
                                  help="Results folder; the report goes in OUT/<workload>."),
+        repeats: int = typer.Option(3, help="Alternating rounds of every configuration (>= 3)."),
+        keep_db: str | None = typer.Option(None, help="Keep each suffixmem configuration's "
+                                           "database (segment log) in this folder."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
         workload: str = typer.Option(
             "default", help="default | long (same as --long) | returning (issue 13: 24 "
@@ -345,7 +369,8 @@ def register(bench: typer.Typer) -> None:
             system_tokens=system_tokens, long=long, document_tokens=document_tokens,
             concurrent=concurrent, model=model, max_model_len=max_model_len,
             kv_cache_gib=kv_cache_gib, threads=threads, timeout_s=timeout,
-            workload_name=workload_name or None,
+            workload_name=workload_name or None, repeats=repeats,
+            keep_db=Path(keep_db) if keep_db else None,
         )
         folder = (Path(out) / workload_name if workload_name
                   else default_out_dir(Path(out), long, concurrent))

@@ -50,12 +50,13 @@ def run_config(
     def one(session: int, turn: int) -> None:
         text = workload.sessions[session][turn]
         out = config.turn(session, text)
-        seen = tracker.observe(session, out.prompt_ids, out.reply_ids)
+        seen, seen_any = tracker.observe_both(session, out.prompt_ids, out.reply_ids)
         record = TurnRecord(
             session=session, turn=turn + 1, prompt_tokens=len(out.prompt_ids),
             cached_tokens=out.cached_tokens, output_tokens=len(out.reply_ids),
             seen_tokens=seen, ttft_s=out.ttft_s, latency_s=out.latency_s,
-            engine_ttft_s=out.engine_ttft_s, text=out.text,
+            engine_ttft_s=out.engine_ttft_s, text=out.text, seen_any_tokens=seen_any,
+            manager_overhead_ms=out.manager_overhead_ms,
         )
         with lock:
             records.append(record)

@@ -1,0 +1,68 @@
+"""The measurement discipline: interleaving order, spread, noisy flag, recorded fields."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from suffixmem_bench import measure
+from suffixmem_bench.measure import RunContext, alternate, interleave, spread
+
+
+def test_interleave_runs_arms_a_b_a_b() -> None:
+    order: list[str] = []
+    runs = interleave({"a": lambda: order.append("a") or len(order),
+                       "b": lambda: order.append("b") or len(order)}, 3)
+    assert order == ["a", "b", "a", "b", "a", "b"]
+    assert runs == {"a": [1, 3, 5], "b": [2, 4, 6]}
+
+
+@pytest.mark.parametrize("bad", [0, 2, 2.5, True, "3"])
+def test_fewer_than_three_repeats_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="repeats must be an integer >= 3"):
+        interleave({"a": lambda: 1}, bad)  # type: ignore[arg-type]
+
+
+def test_spread_is_median_min_max_of_finite_runs() -> None:
+    s = spread([3.0, 1.0, math.nan, 2.0, 10.0])
+    assert s == {"median": 2.5, "min": 1.0, "max": 10.0, "runs": [3.0, 1.0, 2.0, 10.0]}
+    assert math.isnan(spread([])["median"])
+
+
+def test_alternate_runs_processes_in_turn() -> None:
+    code = "import sys; print(sys.argv[1])"
+    runs = alternate({"x": [sys.executable, "-c", code, "7"],
+                      "y": [sys.executable, "-c", code, "8"]}, 3, lambda out: int(out))
+    assert runs == {"x": [7, 7, 7], "y": [8, 8, 8]}
+
+
+def test_run_context_records_load_probe_commit_and_idle(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(measure.IDLE_ENV, raising=False)
+    idle = tmp_path / "idle.json"
+    with RunContext(1, idle_path=idle, probe_s=0.02) as ctx:
+        pass
+    f = ctx.fields()
+    assert f["matmul_gflops"]["before"] > 0 and f["matmul_gflops"]["after"] > 0
+    assert len(f["load_avg"]["before"]) == 3 and len(f["load_avg"]["after"]) == 3
+    assert f["threads"] == 1 and f["commit"]
+    # the first run on a machine sets the idle rate to its own best probe: not noisy
+    assert f["idle_gflops"] == max(f["matmul_gflops"].values())
+    assert f["noisy"] is False
+    assert json.loads(idle.read_text())  # recorded for the next run
+
+
+def test_a_probe_below_half_the_idle_rate_is_noisy(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(measure.IDLE_ENV, "1e9")  # an idle rate no probe here reaches
+    with RunContext(1, idle_path=tmp_path / "idle.json", probe_s=0.02) as ctx:
+        pass
+    f = ctx.fields()
+    assert f["idle_gflops"] == 1e9 and f["noisy"] is True
+    assert not (tmp_path / "idle.json").exists()  # an override is not recorded
+    monkeypatch.setenv(measure.IDLE_ENV, "1e-9")
+    assert ctx.fields()["noisy"] is False
