@@ -28,7 +28,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from suffixmem.conversation.database import make_engine, mask, reason, safe_url, upgrade
+from suffixmem.config import mask_url
+from suffixmem.conversation.database import make_engine, mask, reason, upgrade
 from suffixmem.conversation.schema import CheckpointBlobRow, CheckpointRow, CheckpointWriteRow
 from suffixmem.errors import StoreError
 
@@ -62,7 +63,7 @@ class CheckpointStore:
     """LangGraph checkpoints in the suffixmem SQL database (see the module docstring)."""
 
     def __init__(self, url: str, *, migrate: bool = True) -> None:
-        self.url = safe_url(url)
+        self.url = mask_url(url)
         self._raw_url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)

@@ -80,11 +80,11 @@ class _Entry:
 
 @dataclass(slots=True)
 class TierStats:
-    writes: int = 0
-    hits: int = 0
-    misses: int = 0
-    corrupt: int = 0
-    evictions: int = 0
+    writes: int = 0  # block files written
+    hits: int = 0  # blocks loaded instead of recomputed
+    misses: int = 0  # blocks looked up and not found
+    corrupt: int = 0  # files whose checksum or header did not match (deleted, recomputed)
+    evictions: int = 0  # files deleted to keep the byte budget
     load_ms: list[float] | None = None
 
     def __post_init__(self) -> None:

@@ -103,7 +103,8 @@ def test_turn_is_committed_with_generated_ids(manager: ConversationManager,
                                               engine: FlakyEngine) -> None:
     info = manager.open_session("basic", title="t")
     # a new session opens a topic: cold, which is greedy for SmolLM2 (its recommended 0.2 is hot)
-    assert isinstance(info, SessionInfo) and info.temperature == manager.temperature.initial() == 0.0
+    assert isinstance(info, SessionInfo)
+    assert info.temperature == manager.temperature.initial() == 0.0
     assert manager.open_session("basic", title="other").title == "t"
     t1 = manager.chat("basic", "What is the capital of France?", **GREEDY)
     assert isinstance(t1, TurnResult) and t1.text and not t1.topic_jump

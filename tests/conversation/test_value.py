@@ -21,11 +21,12 @@ from suffixmem.conversation.value import (
     token_entropy,
     train_value_scorer,
 )
+from suffixmem.retention import LRU, ValueTiers
 from suffixmem_bench.retention import (
     T0,
     log_workload,
     replay_lru,
-    replay_value,
+    replay_policy,
     simulate_workload,
 )
 
@@ -106,10 +107,13 @@ def test_replays_exactly() -> None:
            ev("C", 3, "detected"), ev("B", 4, "document")]
     # LRU (100 tokens): A, B miss; A hit; C evicts B; B misses
     assert replay_lru(seq, 100) == 50
-    # value: C scores below 0.6 and is never admitted, so B survives and hits
+    # the engine's SegmentCache, 8 blocks of 16 tokens (two 50-token segments):
+    # value tiers never admit C (score below 0.6), so B survives and hits
     scorer = FixedScorer({"document": 0.7, "detected": 0.1})
-    assert replay_value(seq, 100, scorer) == 100
-    # a TTL entry expires 30 minutes after its last use
+    assert replay_policy(seq, 128, ValueTiers(scorer)) == 100
+    # LRU admits C, which evicts B
+    assert replay_policy(seq, 128, LRU()) == 50
+    # an extended-tier entry expires 30 minutes after its last use
     late = [ev("A", 0, "document"), ev("A", 31, "document"), ev("A", 40, "document")]
-    assert replay_value(late, 100, scorer) == 50
+    assert replay_policy(late, 128, ValueTiers(scorer)) == 50
     assert replay_lru(late, 100) == 100

@@ -174,16 +174,16 @@ class _Entry:
 class SegmentCacheStats:
     """Counters since the cache was created."""
 
-    entries: int = 0
-    tokens: int = 0
-    blocks: int = 0
-    hits: int = 0
-    misses: int = 0
-    stored: int = 0
-    rejected: int = 0
-    expired: int = 0
-    evicted: int = 0
-    released: int = 0
+    entries: int = 0  # segments held now
+    tokens: int = 0  # ... their tokens
+    blocks: int = 0  # ... and the pool blocks they hold a reference to
+    hits: int = 0  # lookups served from the cache
+    misses: int = 0  # lookups that found nothing usable
+    stored: int = 0  # segments put
+    rejected: int = 0  # offered, but refused by the policy, the size floor or the budget
+    expired: int = 0  # dropped when their time to live ran out
+    evicted: int = 0  # dropped to make room
+    released: int = 0  # dropped by release_session (a topic jump, a deleted session)
 
 
 class SegmentCache:
