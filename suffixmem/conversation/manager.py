@@ -53,7 +53,6 @@ from suffixmem.conversation.turns import (
     Plan,
     TurnResult,
     TurnSpec,
-    athread,
     build_prompt,
     last_event,
     no_lock,
@@ -68,7 +67,15 @@ from suffixmem.conversation.validation import (
     check_session_id,
     check_text,
 )
-from suffixmem.engine.protocol import Engine, Message, Request, Result, SamplingParams, TokenEvent
+from suffixmem.engine.protocol import (
+    Engine,
+    Message,
+    Request,
+    Result,
+    SamplingParams,
+    TokenEvent,
+    aiter_events,
+)
 from suffixmem.errors import InvalidRequestError, UnknownSessionError
 from suffixmem.retention import PinnedLRU, RetentionPolicy
 from suffixmem.tokens import TokenCounter
@@ -278,13 +285,13 @@ class ConversationManager:
     async def astream_chat(self, session_id: str, message: str, **kwargs: Any
                            ) -> AsyncIterator[TokenEvent | TurnResult]:
         events = await asyncio.to_thread(self.stream_chat, session_id, message, **kwargs)
-        async for e in athread(events):
+        async for e in aiter_events(events):
             yield e
 
     async def astream_complete(self, session_id: str | None, messages: Sequence[Message],
                                **kwargs: Any) -> AsyncIterator[TokenEvent | TurnResult]:
         events = await asyncio.to_thread(self.stream_complete, session_id, messages, **kwargs)
-        async for e in athread(events):
+        async for e in aiter_events(events):
             yield e
 
     # -- raw text completion --------------------------------------------------------------------

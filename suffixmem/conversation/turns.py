@@ -19,20 +19,17 @@ engine stream's start, plus from the engine's ``Result`` to the ``TurnResult``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from suffixmem.conversation.layout import Layout, Prompt
 from suffixmem.conversation.records import NewMessage, NewSession, TurnEvent
 from suffixmem.conversation.topic import TopicVerdict
 from suffixmem.engine.protocol import Message, Request, Result, SamplingParams, TokenEvent
 from suffixmem.errors import ContextWindowError, EngineClosedError, InvalidRequestError
-
-T = TypeVar("T")
 
 HistoryKind = Literal["new", "appended", "rewritten", "stateless"]
 
@@ -237,23 +234,6 @@ def last_event(events: Iterator[Any]) -> Any:
     if out is None:
         raise InvalidRequestError("the turn produced no result")
     return out
-
-
-async def athread(events: Iterator[T]) -> AsyncIterator[T]:
-    """Iterate a blocking generator from asyncio, each step in a worker thread; if the consumer
-    stops early the generator is closed (in a thread too), which aborts the turn."""
-    done = object()
-    finished = False
-    try:
-        while True:
-            event = await asyncio.to_thread(next, events, done)
-            if event is done:
-                finished = True
-                return
-            yield event  # type: ignore[misc]
-    finally:
-        if not finished:
-            await asyncio.to_thread(events.close)  # type: ignore[attr-defined]
 
 
 def no_lock() -> _NoLock:

@@ -21,7 +21,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from suffixmem.engine.checks import (
     MAX_SEED,
@@ -31,6 +31,8 @@ from suffixmem.engine.checks import (
     real_number,
 )
 from suffixmem.errors import InvalidRequestError
+
+_T = TypeVar("_T")
 
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 FinishReason = Literal["stop", "length", "abort"]
@@ -373,8 +375,9 @@ def final_result(events: Iterator[TokenEvent | Result]) -> Result:
     raise RuntimeError("engine stream ended without a Result")
 
 
-async def aiter_events(events: Iterator[TokenEvent | Result]) -> AsyncIterator[TokenEvent | Result]:
-    """Iterate a blocking event generator from asyncio without blocking the loop.
+async def aiter_events(events: Iterator[_T]) -> AsyncIterator[_T]:
+    """Iterate a blocking event generator (an engine's stream, a manager's turn) from asyncio
+    without blocking the loop.
 
     Each ``next`` runs in a worker thread; if the consumer stops early the generator is closed
     (in a thread too), which aborts the request.
