@@ -223,18 +223,19 @@ class ConversationManager:
 
     # -- turns: a resent message list -----------------------------------------------------------
     def complete(self, session_id: str | None, messages: Sequence[Message], *,
-                 show_schema: bool = False, **sampling: Any) -> TurnResult:
+                 show_schema: bool = False, anon_scope: str = "", **sampling: Any) -> TurnResult:
         """``stream_complete`` drained."""
         return last_event(self.stream_complete(session_id, messages, show_schema=show_schema,
-                                          **sampling))
+                                               anon_scope=anon_scope, **sampling))
 
     def stream_complete(self, session_id: str | None, messages: Sequence[Message], *,
-                        show_schema: bool = False, **sampling: Any
+                        show_schema: bool = False, anon_scope: str = "", **sampling: Any
                         ) -> Iterator[TokenEvent | TurnResult]:
         """Answer ``messages`` (the whole conversation, as frameworks send it), reconciled with
         the stored session (see ``reconcile``); ``session_id=None`` is stateless. With
         ``show_schema`` and a ``json_schema``, a system message showing the schema follows the
-        conversation (not stored). Same atomicity as ``stream_chat``."""
+        conversation (not stored). ``anon_scope`` (stateless calls): who may share the derived
+        cache key, e.g. an API key's namespace. Same atomicity as ``stream_chat``."""
         started = time.perf_counter()
         sid = None if session_id is None else check_session_id(session_id)
         msgs = check_messages(messages, self.config.max_message_chars)
@@ -260,7 +261,7 @@ class ConversationManager:
             elif r.replace:
                 new = NewSession(rec.title, rec.model, r.system_prompt)  # type: ignore[union-attr]
             return TurnSpec(
-                key=sid if sid is not None else anon_key(msgs), session_id=sid,
+                key=sid if sid is not None else anon_key(msgs, anon_scope), session_id=sid,
                 kind=r.kind if sid is not None else "stateless", system_prompt=r.system_prompt,
                 history=list(r.history), tail=tail, context=(), to_store=list(r.to_store),
                 user_text=users[-1] if users else None,

@@ -108,12 +108,15 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
     return Reconciled("rewritten", sp, hist, tuple(tail), (*hist, *tail), True)
 
 
-def anon_key(messages: Sequence[Message]) -> str:
-    """Session key of a stateless call: a hash of the system prompt and the first user message,
-    so a growing resent conversation keeps hitting its own cache entries."""
+def anon_key(messages: Sequence[Message], scope: str = "") -> str:
+    """Session key of a stateless call: a hash of ``scope`` (a tenant or API key's namespace:
+    callers of different scopes never share cache entries), the system prompt and the first
+    user message, so a growing resent conversation keeps hitting its own cache entries."""
     system, before, tail = split(messages)
     first = next((m.content for m in (*before, *tail) if m.role == "user"), "")
     h = hashlib.blake2b(digest_size=12)
+    h.update(scope.encode())
+    h.update(b"\x00")
     h.update((system or "").encode())
     h.update(b"\x00")
     h.update(first.encode())

@@ -128,10 +128,10 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
         sid = service.session_id(ns, client_id, field)
         headers = {SESSION_HEADER: client_id} if client_id is not None else {}
         if body.stream:
-            lines = await service.stream(body, sid, client_id)
+            lines = await service.stream(body, sid, client_id, ns)
             return StreamingResponse(lines, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", **headers})
-        result = await service.complete(body, sid, client_id, request.is_disconnected)
+        result = await service.complete(body, sid, client_id, request.is_disconnected, ns)
         if result is None:  # the client left; nginx's 499, for the access log only
             return Response(status_code=499)
         return JSONResponse(result.model_dump(exclude_none=True), headers=headers)

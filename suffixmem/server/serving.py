@@ -200,7 +200,7 @@ class ChatService:
             sampling["json_schema"] = fmt.json_schema.schema_
         return sampling
 
-    async def _events(self, req: ChatCompletionRequest, sid: str | None
+    async def _events(self, req: ChatCompletionRequest, sid: str | None, ns: str = ""
                       ) -> AsyncIterator[TokenEvent | TurnResult]:
         """The manager's event stream for ``req`` (chat for a new message only, else
         complete); raises before any event for bad input."""
@@ -211,7 +211,9 @@ class ChatService:
         schema = "json_schema" in sampling and sampling["json_schema"] is not None
         if sid is not None and await asyncio.to_thread(self._new_message_only, sid, msgs):
             return self.manager.astream_chat(sid, msgs[-1].content, **sampling)
-        return self.manager.astream_complete(sid, msgs, show_schema=schema, **sampling)
+        # stateless: the key's namespace scopes the derived cache key (no sharing across keys)
+        return self.manager.astream_complete(sid, msgs, show_schema=schema, anon_scope=ns,
+                                             **sampling)
 
     def _new_message_only(self, sid: str, msgs: list[Message]) -> bool:
         body = msgs[1:] if msgs and msgs[0].role == "system" else msgs
@@ -233,14 +235,14 @@ class ChatService:
         self.pending += 1
 
     async def complete(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None,
-                       disconnected: Callable[[], Awaitable[bool]] | None = None
+                       disconnected: Callable[[], Awaitable[bool]] | None = None, ns: str = ""
                        ) -> ChatCompletion | None:
         """The whole turn; None if ``disconnected()`` turned true first (the turn was aborted
         and nothing stored: there is nobody left to answer)."""
         self._admit()
         events = None
         try:
-            events = await self._events(req, sid)
+            events = await self._events(req, sid, ns)
             drain = asyncio.ensure_future(_last(events))
             while not drain.done():
                 await asyncio.wait({drain}, timeout=0.25)
@@ -263,13 +265,13 @@ class ChatService:
                             finish_reason=turn.finish_reason)],
             usage=_usage(turn), suffixmem=_info(turn, client_id))
 
-    async def stream(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None
-                     ) -> AsyncIterator[str]:
+    async def stream(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None,
+                     ns: str = "") -> AsyncIterator[str]:
         """Admit and validate now (errors become an HTTP status), then the SSE lines."""
         self._admit()
         events = None
         try:
-            events = await self._events(req, sid)
+            events = await self._events(req, sid, ns)
             # the manager validates on the first step: wait for it so bad input is a 400
             first = await anext(events)
         except BaseException as e:
