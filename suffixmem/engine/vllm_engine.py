@@ -12,6 +12,7 @@ scope ``app`` gives every session of the tenant one salt (``suffixmem/engine/iso
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -278,6 +279,13 @@ class VLLMEngine(BaseEngine):
                     shutdown()
                 except Exception:  # best effort at teardown
                     log.debug("vLLM shutdown failed", exc_info=True)
+        else:
+            # vLLM's in-process client shuts its core down from a finalizer when collected:
+            # detach it, or collecting this engine would tear the shared state down later.
+            finalizer = getattr(getattr(engine, "engine_core", None), "_finalizer", None)
+            if finalizer is not None:
+                finalizer.detach()
+            gc.unfreeze()  # vLLM froze its start-up objects; let this engine's be collected
         self._engine = None
         if getattr(self, "_tier_extra", None) is not None:
             from suffixmem.engine.vllm_tier_connector import release_tier
