@@ -103,10 +103,13 @@ def test_bench_commands_come_from_the_entry_point_group() -> None:
     assert group["topics"] == "suffixmem_bench.topics:register"
     app = typer.Typer()
     loaded = register_benches(app)
-    # topics is h5's rewrite: loaded once suffixmem_bench/topics.py exists
-    expected = {"ttft", "engines", "segments", "layout", "retention", "chat"}
-    if (ROOT / "benchmarks/suffixmem_bench/topics.py").exists():
-        expected.add("topics")
+    # every command the benchmark distribution declares, and nothing else
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "benchmarks/pyproject.toml").read_text())
+    expected = set(declared["project"]["entry-points"]["suffixmem.bench"])
+    assert {"ttft", "engines", "segments", "layout", "retention", "chat", "topics", "serve",
+            "scale", "profile"} <= expected
     assert set(loaded) == expected
     assert {c.name for c in app.registered_commands} == expected
 
