@@ -115,6 +115,10 @@ class VLLMEngine(BaseEngine):
         self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
         with VLLMEngine._live_lock:
             VLLMEngine._live += 1
+            others = VLLMEngine._live - 1
+        if self._tier_extra is not None and others:
+            log.warning("vLLM keeps one KV connector per process: the other %d vLLM engine(s) "
+                        "of this process cannot run until this KV-tier engine is closed", others)
         cache = self._engine.vllm_config.cache_config
         hf = self._engine.vllm_config.model_config.hf_config
         per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * (
@@ -288,6 +292,11 @@ class VLLMEngine(BaseEngine):
             gc.unfreeze()  # vLLM froze its start-up objects; let this engine's be collected
         self._engine = None
         if getattr(self, "_tier_extra", None) is not None:
+            from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
             from suffixmem.engine.vllm_tier_connector import release_tier
 
             release_tier(self._tier_extra)
+            # vLLM keeps one KV connector per process: drop ours, or every other vLLM engine
+            # in the process would keep calling it (and fail) after this one is gone
+            ensure_kv_transfer_shutdown()
