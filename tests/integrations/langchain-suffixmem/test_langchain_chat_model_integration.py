@@ -89,11 +89,16 @@ class TestSuffixMemChatModelIntegration(ChatModelIntegrationTests):
         assert usage is not None and usage["input_token_details"]["cache_read"] > 0, usage
         return message
 
+    @pytest.mark.xfail(reason="the Chinese tool name and a free description take this "
+                       "byte-level tokenizer more than the suite's 48 tokens, and a call cut "
+                       "off by max_tokens is (rightly) no tool call; "
+                       "test_unicode_tool_call_with_room runs it with room")
     def test_unicode_tool_call_integration(  # type: ignore[override]
         self, model: SuffixMemChatModel, **kwargs: Any
     ) -> None:
-        """The suite's test with room for the call: the Chinese name and a free description
-        take this byte-level tokenizer more than the 48 tokens the other tests get, and a
-        call cut off by ``max_tokens`` is (rightly) no tool call."""
+        super().test_unicode_tool_call_integration(model, **kwargs)
+
+    def test_unicode_tool_call_with_room(self, **kwargs: Any) -> None:
+        """The suite's unicode tool-call test with room for the call (192 tokens)."""
         roomy = SuffixMemChatModel(**MODEL_PARAMS, max_tokens=192, temperature=0.0)
         super().test_unicode_tool_call_integration(roomy, **kwargs)
