@@ -2,9 +2,10 @@
 
 The same workload against each server, one server at a time on loopback (so they never share
 the CPU): ``sessions`` concurrent sessions x ``turns`` turns, streamed, greedy, ``max_tokens``
-each. suffixmem gets only the new message per turn under ``X-Session-ID`` (it keeps the
-history); vLLM gets the whole conversation each turn with ``cache_salt`` = the session (prefix
-caching on), which is how an OpenAI client talks to it. Reported per server: TTFT p50/p99 (all
+each, alternated over ``repeats`` rounds (a fresh server each round; medians with min/max).
+suffixmem gets only the new message per turn under ``X-Session-ID`` (it keeps the history);
+vLLM gets the whole conversation each turn with ``cache_salt`` = the session (prefix caching
+on), which is how an OpenAI client talks to it. Reported per server: TTFT p50/p99 (all
 turns and from turn 2), output throughput (completion tokens / wall time), errors, and for
 suffixmem the turns found stored in SQL afterwards.
 
@@ -32,6 +33,7 @@ from typing import Any
 import typer
 
 from suffixmem.config import DEFAULT_MODEL
+from suffixmem_bench.measure import RunContext, check_repeats, spread
 
 QUESTIONS = [
     "Tell me about the history of sailing ships in two sentences.",
@@ -167,28 +169,19 @@ def _summary(w: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_serve_bench(sessions: int = 16, turns: int = 5, max_tokens: int = 32,
-                    model: str = DEFAULT_MODEL, peer: bool = True,
-                    start_timeout_s: float = 600, request_timeout_s: float = 300,
-                    max_model_len: int = 4096) -> dict[str, Any]:
-    """Run the workload against ``suffixmem serve`` and (with ``peer``) ``vllm serve``."""
+def _ours(tmp: Path, model: str, sessions: int, turns: int, max_tokens: int,
+          start_timeout_s: float, request_timeout_s: float, max_model_len: int,
+          rnd: int) -> dict[str, Any]:
+    """One round against a fresh ``suffixmem serve`` (its own database): summary + turns stored."""
     import httpx
-
-    from suffixmem.models import resolve_model
-
-    model_dir = str(resolve_model(model, progress=False))
-    tmp = Path(tempfile.mkdtemp(prefix="suffixmem-bench-serve-"))
-    result: dict[str, Any] = {"workload": {
-        "sessions": sessions, "turns": turns, "max_tokens": max_tokens, "model": model,
-        "temperature": 0, "streaming": True}}
 
     port = _port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "suffixmem.cli", "serve", "--port", str(port),
-           "--database", f"sqlite:///{tmp / 'serve.db'}", "--model", model,
+           "--database", f"sqlite:///{tmp / f'serve-{rnd}.db'}", "--model", model,
            "--max-model-len", str(max_model_len), "--served-model-name", "bench",
            "--max-pending", str(max(64, sessions * 2))]
-    with _server(cmd, url, tmp / "suffixmem.log", start_timeout_s):
+    with _server(cmd, url, tmp / f"suffixmem-{rnd}.log", start_timeout_s):
         w = asyncio.run(_workload(url, "bench", sessions, turns, max_tokens, False,
                                   request_timeout_s))
         stored = 0
@@ -196,33 +189,79 @@ def run_serve_bench(sessions: int = 16, turns: int = 5, max_tokens: int = 32,
             r = httpx.get(f"{url}/v1/sessions/{w['run_id']}-{s}", timeout=30)
             if r.status_code == 200:
                 stored += r.json()["usage"]["turns"]
-    result["suffixmem"] = {**_summary(w), "turns_stored": stored}
+    return {**_summary(w), "turns_stored": stored}
 
+
+def _peer(tmp: Path, model_dir: str, sessions: int, turns: int, max_tokens: int,
+          start_timeout_s: float, request_timeout_s: float, max_model_len: int,
+          rnd: int) -> dict[str, Any]:
+    """One round against a fresh stock ``vllm serve`` (prefix caching on, same block size)."""
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+           "--max-model-len", str(max_model_len), "--block-size", "32",
+           "--served-model-name", "bench", "--enable-prompt-tokens-details",
+           "--enable-prefix-caching"]
+    with _server(cmd, url, tmp / f"vllm-{rnd}.log", start_timeout_s,
+                 env={"VLLM_CPU_KVCACHE_SPACE": "1"}):
+        w = asyncio.run(_workload(url, "bench", sessions, turns, max_tokens, True,
+                                  request_timeout_s))
+    return _summary(w)
+
+
+_HEADLINE = ("throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "ttft_p50_turn2plus_s",
+             "ttft_p99_turn2plus_s")
+
+
+def _merge(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds of one server: headline figures as median (+ min/max/runs), counts summed."""
+    out: dict[str, Any] = {k: spread([r[k] for r in rounds if r[k] is not None])["median"]
+                           for k in _HEADLINE}
+    out["spread"] = {k: spread([r[k] for r in rounds if r[k] is not None]) for k in _HEADLINE}
+    for k in ("turns_ok", "errors", "prompt_tokens", "cached_tokens", "completion_tokens",
+              "turns_stored"):
+        if k in rounds[0]:
+            out[k] = sum(r[k] for r in rounds)
+    out["error_samples"] = [e for r in rounds for e in r["error_samples"]][:5]
+    return out
+
+
+def run_serve_bench(sessions: int = 16, turns: int = 5, max_tokens: int = 32,
+                    model: str = DEFAULT_MODEL, peer: bool = True, repeats: int = 3,
+                    start_timeout_s: float = 600, request_timeout_s: float = 300,
+                    max_model_len: int = 4096) -> dict[str, Any]:
+    """Run the workload against ``suffixmem serve`` and (with ``peer``) ``vllm serve``,
+    alternating the servers for ``repeats`` rounds (each round a fresh server and database);
+    headline figures are medians over rounds, with the run context (load, probe, noisy)."""
+    from suffixmem.models import resolve_model
+
+    check_repeats(repeats)
+    model_dir = str(resolve_model(model, progress=False))
+    tmp = Path(tempfile.mkdtemp(prefix="suffixmem-bench-serve-"))
+    result: dict[str, Any] = {"workload": {
+        "sessions": sessions, "turns": turns, "max_tokens": max_tokens, "model": model,
+        "temperature": 0, "streaming": True}, "repeats": repeats}
+    args = (sessions, turns, max_tokens, start_timeout_s, request_timeout_s, max_model_len)
+    ours: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
+    with RunContext() as ctx:
+        for rnd in range(repeats):
+            ours.append(_ours(tmp, model, *args, rnd))
+            if peer:
+                theirs.append(_peer(tmp, model_dir, *args, rnd))
+    result.update(ctx.fields())
+    result["suffixmem"] = _merge(ours)
     if peer:
-        port = _port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-               "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-               "--max-model-len", str(max_model_len), "--block-size", "32",
-               "--served-model-name", "bench", "--enable-prompt-tokens-details",
-               "--enable-prefix-caching"]
-        with _server(cmd, url, tmp / "vllm.log", start_timeout_s,
-                     env={"VLLM_CPU_KVCACHE_SPACE": "1"}):
-            w = asyncio.run(_workload(url, "bench", sessions, turns, max_tokens, True,
-                                      request_timeout_s))
-        result["vllm_serve"] = _summary(w)
-        ours, theirs = result["suffixmem"], result["vllm_serve"]
-        ratio = (ours["throughput_tok_s"] / theirs["throughput_tok_s"]
-                 if theirs["throughput_tok_s"] else None)
+        result["vllm_serve"] = _merge(theirs)
+        a, b = result["suffixmem"], result["vllm_serve"]
+        ratio = a["throughput_tok_s"] / b["throughput_tok_s"] if b["throughput_tok_s"] else None
         result["throughput_ratio"] = ratio
         result["targets"] = {
-            "zero_errors": ours["errors"] == 0,
-            "every_turn_stored": ours["turns_stored"] == sessions * turns,
+            "zero_errors": a["errors"] == 0,
+            "every_turn_stored": a["turns_stored"] == sessions * turns * repeats,
             "throughput_ge_0.9x": ratio is not None and ratio >= 0.9,
-            "ttft_p50_turn2plus_le_vllm": (
-                ours["ttft_p50_turn2plus_s"] is not None
-                and theirs["ttft_p50_turn2plus_s"] is not None
-                and ours["ttft_p50_turn2plus_s"] <= theirs["ttft_p50_turn2plus_s"]),
+            "ttft_p50_turn2plus_le_vllm": a["ttft_p50_turn2plus_s"] <= b["ttft_p50_turn2plus_s"],
         }
     result["logs"] = str(tmp)
     return result
@@ -236,11 +275,12 @@ def register(bench: typer.Typer) -> None:
         max_tokens: int = typer.Option(32, min=1, help="Reply length per turn."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
         peer: bool = typer.Option(True, help="Also run stock `vllm serve` on the workload."),
+        repeats: int = typer.Option(3, help="Alternating rounds per server (>= 3)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """suffixmem serve against vllm serve over HTTP on loopback: TTFT, throughput,
         errors, turns stored."""
-        result = run_serve_bench(sessions, turns, max_tokens, model, peer)
+        result = run_serve_bench(sessions, turns, max_tokens, model, peer, repeats)
         if as_json:
             print(json.dumps(result))
             return
