@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -344,8 +343,9 @@ def register(bench: typer.Typer) -> None:
         workload_name = workload if workload in pinned_names else ""
         t0 = time.perf_counter()
         if workload == "returning":
+            # by name: typer vendors its own click, whose ParameterSource is another enum
             given = {p for p in ("configs", "sessions", "turns", "kv_cache_gib")
-                     if ctx.get_parameter_source(p) is not ParameterSource.DEFAULT}
+                     if getattr(ctx.get_parameter_source(p), "name", "DEFAULT") != "DEFAULT"}
             report, turns_log = run_returning_chat(
                 configs=names if "configs" in given else RETURNING_CONFIGS,
                 sessions=sessions if "sessions" in given else 24,
