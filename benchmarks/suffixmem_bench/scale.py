@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -113,7 +114,8 @@ def summarise(results: list[list[dict[str, Any]]], after_round: int = 1) -> dict
     return {"prompt_tokens": prompt, "cached_tokens": cached, "ceiling_tokens": ceil,
             "hit_rate": cached / prompt if prompt else 0.0,
             "hit_rate_of_ceiling": cached / ceil if ceil else 0.0,
-            "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else 0.0}
+            "mean_ttft_s": sum(ttfts) / len(ttfts) if ttfts else 0.0,
+            "ttft_p50_s": statistics.median(ttfts) if ttfts else 0.0}
 
 
 def run_scale(sessions: int, turns: int, max_tokens: int, kill_after: int,
@@ -208,10 +210,12 @@ def register(bench: typer.Typer) -> None:
         """Affinity vs round-robin over 2 vLLM replicas, then failover after a replica dies."""
         from suffixmem.models import resolve_model
         from suffixmem.stdio import quiet_stdout
+        from suffixmem_bench.measure import RunContext
 
-        with quiet_stdout(as_json):
+        with quiet_stdout(as_json), RunContext() as ctx:
             result = run_scale(sessions, turns, max_tokens, kill_after, database,
                                resolve_model(model))
+        result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
             return

@@ -84,3 +84,32 @@ def test_tiny_returning_run_restores_torch_sessions_after_the_restart(tmp_path: 
     # round 2 runs in a new process: its prompts come back from the tier
     assert fig["tier_hit_rate"] > 0 and fig["tier_bytes"] > 0 and fig["hit_rate"] > 0.4
     assert (tmp_path / "returning" / "report.md").exists()
+
+
+def test_returning_keeps_its_own_sizes_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned workload's sizes (24 x 6, 256 MiB, its four configs) apply when the options
+    are left at `bench chat`'s defaults; only options given on the command line override."""
+    import suffixmem_bench.chat.run as run_module
+    from suffixmem_bench.chat.returning import CONFIGS, KV_CACHE_GIB
+
+    seen: list[dict] = []
+
+    def fake(**kw: object) -> tuple[dict, list]:
+        seen.append(kw)
+        raise typer.Exit(0)
+
+    monkeypatch.setattr(run_module, "run_returning_chat", fake)
+    bench = typer.Typer()
+    register(bench)
+
+    @bench.command("noop")
+    def noop() -> None:
+        pass
+
+    assert CliRunner().invoke(bench, ["chat", "--workload", "returning"]).exit_code == 0
+    assert CliRunner().invoke(bench, ["chat", "--workload", "returning", "--sessions", "3",
+                                      "--kv-cache-gib", "0.5"]).exit_code == 0
+    first, second = seen
+    assert (first["sessions"], first["turns"], first["kv_cache_gib"]) == (24, 6, KV_CACHE_GIB)
+    assert tuple(first["configs"]) == CONFIGS
+    assert (second["sessions"], second["turns"], second["kv_cache_gib"]) == (3, 6, 0.5)
