@@ -224,3 +224,14 @@ def test_issue19_targets_against_the_same_isolation() -> None:
     assert p50["suffixmem_vllm"]["passed"] is True
     assert p50["suffixmem_torch"]["passed"] is None  # not measured: no verdict
     assert t["manager_overhead_p99_le_5ms"]["configs"]["suffixmem_vllm"]["passed"] is False
+
+
+def test_same_text_share_compares_each_config_with_the_reference_turn_by_turn() -> None:
+    from suffixmem_bench.chat.metrics import same_text_share
+
+    turns = [{"config": c, "session": s, "turn": t, "text": x} for c, s, t, x in [
+        ("naive", 0, 1, "a"), ("naive", 0, 2, "b"), ("naive", 1, 1, "c"),
+        ("tier", 0, 1, "a"), ("tier", 0, 2, "B"), ("tier", 1, 1, "c"),
+        ("other", 0, 1, "x"), ("other", 5, 1, "unmatched"),
+    ]]
+    assert same_text_share(turns, "naive") == {"other": 0.0, "tier": 2 / 3}

@@ -281,3 +281,17 @@ def merge_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["spread"] = spread
     out["runs"] = values
     return out
+
+
+def same_text_share(turns: list[dict[str, Any]], reference: str) -> dict[str, float]:
+    """Per configuration, the share of (session, turn) replies whose text equals the
+    ``reference`` configuration's (greedy runs): whether cached or restored KV changed what the
+    model said. Prompts must match for the comparison to mean anything; the report says so."""
+    ref = {(t["session"], t["turn"]): t["text"] for t in turns if t["config"] == reference}
+    out: dict[str, float] = {}
+    for name in sorted({t["config"] for t in turns} - {reference}):
+        mine = [t for t in turns if t["config"] == name and (t["session"], t["turn"]) in ref]
+        if mine:
+            same = sum(t["text"] == ref[(t["session"], t["turn"])] for t in mine)
+            out[name] = same / len(mine)
+    return out

@@ -37,6 +37,7 @@ from suffixmem_bench.chat.metrics import (
     by_turn,
     evaluate_targets,
     merge_repeats,
+    same_text_share,
     summarize,
 )
 from suffixmem_bench.chat.peers import EngineOptions
@@ -283,9 +284,16 @@ def run_returning_chat(
             err_console.print(f"[dim]session {r['session'] + 1} turn {r['turn']} ttft "
                               f"{r['ttft_s'] * 1000:.0f} ms, cached {r['cached_tokens']}[/]")
 
-    results, all_turns = run_returning(configs=configs, options=options, workload=workload,
-                                       timeout_s=timeout_s, run_one=run_one, on_event=on_event)
-    return report_for(results, workload, options, machine_info()), all_turns
+    from suffixmem_bench.measure import RunContext
+
+    with RunContext(options.threads) as ctx:
+        results, all_turns = run_returning(configs=configs, options=options,
+                                           workload=workload, timeout_s=timeout_s,
+                                           run_one=run_one, on_event=on_event)
+    report = report_for(results, workload, options, machine_info())
+    report.update(ctx.fields())
+    report["text_same_as_naive"] = same_text_share(all_turns, "naive")
+    return report, all_turns
 
 
 def default_out_dir(base: Path, long: bool, concurrent: bool) -> Path:
