@@ -340,9 +340,10 @@ def ask(
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8000, help="TCP port."),
-    engine: str = typer.Option("vllm", help="Engine: vllm (default) or torch."),
+    engine: str = typer.Option("vllm", help="Engine: vllm (default), torch or remote."),
     model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
+    upstream: list[str] | None = UPSTREAM,
     api_key: list[str] | None = typer.Option(  # noqa: B008 - a list option, read-only
         None, help="Require this bearer key (repeatable; default: $SUFFIXMEM_API_KEY, "
         "comma-separated). Each key sees only its own sessions."),
@@ -364,6 +365,10 @@ def serve(
                           ) from None
 
     _check_engine(engine)
+    if engine == "remote" and not upstream:
+        raise ConfigError("--engine remote needs --upstream URL (one per vLLM server)")
+    if engine != "remote" and upstream:
+        raise ConfigError("--upstream is only used with --engine remote")
     url = _check_database(database)
     keys = tuple(api_key or [k.strip() for k in os.environ.get("SUFFIXMEM_API_KEY", "").split(",")
                              if k.strip()])
@@ -372,7 +377,7 @@ def serve(
     err_console.print(f"suffixmem: serving on http://{host}:{port} "
                       f"({'API key required' if keys else 'no API key'})")
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,
-               max_model_len=max_model_len)
+               max_model_len=max_model_len, upstream=upstream)
 
 
 @app.command()

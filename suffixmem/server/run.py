@@ -12,8 +12,11 @@ log = logging.getLogger(__name__)
 def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
           model: str | None = None, database_url: str | None = None,
           config: ServerConfig | None = None, max_model_len: int = 8192,
-          log_level: str = "info") -> None:
-    """Start the engine and manager, then serve until interrupted; both are closed on exit."""
+          log_level: str = "info", upstream: list[str] | None = None) -> None:
+    """Start the engine and manager, then serve until interrupted; both are closed on exit.
+
+    ``engine="remote"`` serves over the vLLM servers in ``upstream`` (session affinity recorded
+    in ``database_url``, shared by every suffixmem process on that database)."""
     import uvicorn
 
     from suffixmem.conversation.manager import ConversationManager
@@ -23,6 +26,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
     options = {"max_model_len": max_model_len}
     if model is not None:
         options["model"] = model  # type: ignore[assignment]
+    if engine == "remote":
+        options.update(urls=list(upstream or ()), database_url=database_url)
     eng = create_engine(engine, **options)
     try:
         mgr = ConversationManager(eng, database_url=database_url)

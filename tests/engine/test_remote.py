@@ -176,6 +176,48 @@ def test_two_processes_on_one_database_never_interleave_a_session(  # type: igno
     assert sorted(tags) == ["alpha"] * turns + ["beta"] * turns
 
 
+def test_suffixmem_serve_over_the_replicas(replicas, database_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``suffixmem serve --engine remote --upstream ...`` (what scripts/scale-demo runs): a
+    session's second turn over HTTP reads its first from the replica's cache."""
+    import httpx
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "suffixmem.cli", "serve", "--engine", "remote",
+           "--port", str(port), "--database", database_url, "--max-model-len", "1024",
+           *itertools.chain.from_iterable(("--upstream", r.url) for r in replicas)]
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "suffixmem serve did not start"
+            time.sleep(1)
+        usage = []
+        for question in ("Tell me about bread.", "And about cheese?"):
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                           headers={"X-Session-ID": "serve-remote"},
+                           json={"messages": [{"role": "system", "content": SYSTEM},
+                                              {"role": "user", "content": question}]
+                                 if not usage else [{"role": "user", "content": question}],
+                                 "max_tokens": 8, "temperature": 0})
+            assert r.status_code == 200, r.text
+            usage.append(r.json()["usage"])
+        assert usage[0]["prompt_tokens_details"]["cached_tokens"] < 32
+        assert usage[1]["prompt_tokens_details"]["cached_tokens"] >= (
+            usage[0]["prompt_tokens"] // 32 * 32)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
 def test_killing_the_replica_moves_its_sessions_with_history_intact(  # type: ignore[no-untyped-def]
         manager, remote, replicas) -> None:
     urls = [r.url for r in replicas]

@@ -144,6 +144,9 @@ def test_cli_remote_engine_needs_upstream(capsys: pytest.CaptureFixture[str]) ->
         (["ask", "hi", "--engine", "remote"], "--engine remote needs --upstream URL"),
         (["ask", "hi", "--upstream", "http://127.0.0.1:9"],
          "--upstream is only used with --engine remote"),
+        (["serve", "--engine", "remote"], "--engine remote needs --upstream URL"),
+        (["serve", "--upstream", "http://127.0.0.1:9"],
+         "--upstream is only used with --engine remote"),
     ):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
