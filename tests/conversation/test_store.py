@@ -30,7 +30,7 @@ def test_migrations_up_and_down(db_url: str) -> None:
     assert _tables(db_url) == set()
     upgrade(db_url)
     assert _tables(db_url) == TABLES
-    assert current_revision(db_url) == "0003"
+    assert current_revision(db_url) == "0004"
     # the migrated schema is exactly what the ORM models describe
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
@@ -62,7 +62,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'x.db'}"
     Store(url).close()
-    assert current_revision(url) == "0003"
+    assert current_revision(url) == "0004"
 
 
 def test_sessions_lifecycle(db_url: str) -> None:
