@@ -139,6 +139,15 @@ def test_bench_json_shape() -> None:
     assert r["f1_min"] == min(d["f1"] for d in r["datasets"].values())
     assert r["ms_per_turn_p99"] > 0 and r["peak_mb"] > 0
     assert not set(r["tune_topics"]) & set(r["test_topics"])
+    # tuned on separate natural sessions, never on the scored ones
+    from suffixmem_bench.topics import NATURAL_TUNE
+
+    tune = load_natural(NATURAL_TUNE)
+    assert r["tuning"]["natural_tune_sessions"] == len(tune) >= 10 and not r["tuning"]["scored"]
+    scored = {q for s in natural for q, _, _ in s if len(q) >= 20}
+    assert not scored & {q for s in tune for q, _, _ in s}
+    assert set(r["model"]) >= {"sim", "novelty", "bias", "cutoff"}
+    assert r["session_construction"] == "contiguous"
 
 
 def test_semantic_temperature_follows_the_model(tmp_path: Path) -> None:
