@@ -336,7 +336,7 @@ class TopicDetector:
             state.char = d * state.char + (1 - d) * c
             state.word = d * state.word + (1 - d) * w
             if sim is not None:
-                state.sims = [*state.sims, sim][-self.config.topic_turns:]
+                state.sims = [*state.sims, sim][-max(1, self.config.topic_turns):]
         state.last_char, state.last_word = c, w
         state.recent = [*state.recent, (c, w)][-self.config.topic_turns:] \
             if self.config.topic_turns else []
