@@ -107,3 +107,22 @@ def test_session_range() -> None:
         temperature_hot, temperature_cold = 0.6, None
 
     assert session_range(Row()) == (0.6, None) and session_range(None) == (None, None)
+
+
+def test_incremental_verdicts_equal_a_replay() -> None:
+    """What the manager's cache does (observe, then add the turn) gives the same verdicts and
+    probabilities as replaying the history for every turn."""
+    d = default_detector()
+    turns = [("How do I make a sourdough starter?", "Mix flour and water, feed it daily."),
+             ("What flour works best?", "Whole wheat or rye."),
+             ("why?", "They carry more wild yeast."),
+             ("Can you recommend a laptop for programming?", "A ThinkPad or a MacBook Air."),
+             ("Is 16 GB of memory really necessary?", "It helps with containers."),
+             ("顺便问一下，今天北京的天气怎么样", "今天北京晴天。")]
+    state = TopicState()
+    for i, (user, reply) in enumerate(turns):
+        v = d.observe_user(state, user)
+        again = d.detect(turns[:i], user)
+        assert (v.jump, v.similarity, v.probability, v.reason) == (
+            again.jump, again.similarity, again.probability, again.reason)
+        d.add_turn(state, user, reply, v.jump)
