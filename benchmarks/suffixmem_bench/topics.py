@@ -58,7 +58,7 @@ DATA = Path(__file__).parent / "data"
 NATURAL = DATA / "natural_topics.jsonl"
 NATURAL_TUNE = DATA / "natural_tune.jsonl"
 THRESHOLDS = [round(0.02 * i, 2) for i in range(1, 26)]
-CUTOFFS = [round(0.05 * i, 2) for i in range(4, 17)]  # 0.2 .. 0.8
+CUTOFFS = [round(0.05 * i, 2) for i in range(2, 17)]  # 0.1 .. 0.8
 
 
 class RuleDetector:
