@@ -229,3 +229,18 @@ def test_turn_state_and_commit_turn_create_and_replace(db_url: str) -> None:
                        window_start=0)
     assert st.turn_state("gone") is None
     st.close()
+
+
+def test_session_temperature_range_is_stored(db_url: str) -> None:
+    st = Store(db_url)
+    st.open_session("r", temperature=0.0)
+    rec = st.set_temperature_range("r", 0.6, None, lambda t: min(0.6, max(0.2, t)))
+    assert (rec.temperature_hot, rec.temperature_cold, rec.temperature) == (0.6, None, 0.2)
+    assert st.require_session("r").temperature_hot == 0.6
+    assert st.list_sessions()[0].temperature_hot == 0.6
+    assert st.fork_session("r", "r2").temperature_hot == 0.6
+    rec = st.set_temperature_range("r", None, None, lambda t: t)  # back to the manager's
+    assert (rec.temperature_hot, rec.temperature_cold, rec.temperature) == (None, None, 0.2)
+    with pytest.raises(UnknownSessionError):
+        st.set_temperature_range("nope", 0.5, 0.1, lambda t: t)
+    st.close()
