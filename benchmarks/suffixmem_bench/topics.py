@@ -1,21 +1,29 @@
 """``suffixmem bench topics``: topic-jump detection on conversations the detector never saw.
 
 Data sets:
-- ``chatterbot-<language>``: sessions built from chatterbot-corpus, several question/answer pairs
-  of one topic file, then of another; the first turn of each new topic is a true jump. Whole
-  topic files are held out: tuning uses one set of topics (English only), scoring the others,
-  in English and in every other language of the corpus; an utterance that occurs in the tuning
-  topics is dropped from the scored ones. The IDF background for scoring chatterbot is rebuilt
-  from the tuning topics of all languages, so no scored utterance shapes the weights.
+- ``chatterbot-<language>``: sessions built from chatterbot-corpus, 2-4 blocks of 2-5
+  question/answer pairs, each block one topic file; the first turn of each new block is a true
+  jump (a jump is a change of topic file). A block is a contiguous stretch of its file, from the
+  start of one of its conversations on, as the corpus authors wrote it (``--shuffled``: pairs
+  drawn at random from the whole file, the old construction, in which two pairs of one block
+  often share nothing but the file). Whole topic files are held out: tuning uses one set of
+  topics (English only), scoring the others, in English and in every other language of the
+  corpus; an utterance that occurs in the tuning topics, or earlier in the scored ones, is
+  dropped. The IDF background for chatterbot is rebuilt from the tuning topics of all
+  languages, so no scored utterance shapes the weights.
 - ``natural``: ``data/natural_topics.jsonl``, 40 multi-turn sessions written for this project
   (English, German, Spanish, Chinese) with short follow-ups, jumps that share words with the
   previous topic and sessions without any jump, labelled conservatively. Never tuned on.
 
-Tuned on the English tuning sessions: the detector's ``threshold`` and the baseline rule's
+Tuning data (never scored): the English chatterbot tuning sessions and
+``data/natural_tune.jsonl``, separate sessions written in the natural set's style. On them: the
+detector's signal model (``topic_signals``: six weights fitted with the true history, then
+the cutoff with the best mean F1 running on its own verdicts) and the baseline rule's
 threshold (``RuleDetector``: char 2-4-gram TF-IDF fitted on the session, cosine with the last
-three turns), each to its best F1 there. Reported per data set: F1, precision, recall, the
-rule's F1, turns and jumps scored; ``f1_min`` over data sets; ``ms_per_turn_p99`` of the
-detector on a 50-turn session; ``peak_mb`` (peak RSS of this process).
+three turns), each to its best mean F1. Reported per data set: F1, precision, recall, the
+rule's F1, turns and jumps scored; ``f1_min`` over data sets; ``ms_per_turn_p99`` and
+``peak_mb`` of the shipped default detector on a 50-turn session in a fresh interpreter (what
+serving adds; this process also holds the corpus and the bench's own torch probe).
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ from __future__ import annotations
 import json
 import random
 import resource
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +44,21 @@ from suffixmem.conversation.topic import (
     TopicDetector,
     TopicState,
     TopicVerdict,
+    content_chars,
     default_detector,
 )
 from suffixmem.conversation.topic_corpus import available_languages, load_topics
+from suffixmem.conversation.topic_cues import has_shift_marker
+from suffixmem.conversation.topic_signals import SignalModel
 
 Pair = tuple[str, str]
 LabelledTurn = tuple[str, str, bool]
 Session = list[LabelledTurn]
-NATURAL = Path(__file__).parent / "data" / "natural_topics.jsonl"
+DATA = Path(__file__).parent / "data"
+NATURAL = DATA / "natural_topics.jsonl"
+NATURAL_TUNE = DATA / "natural_tune.jsonl"
 THRESHOLDS = [round(0.02 * i, 2) for i in range(1, 26)]
+CUTOFFS = [round(0.05 * i, 2) for i in range(2, 17)]  # 0.1 .. 0.8
 
 
 class RuleDetector:
@@ -110,27 +126,46 @@ def split_topic_names(names: Sequence[str], seed: int) -> tuple[list[str], list[
 
 
 def pools(language: str, topics: Sequence[str], exclude: set[str] = frozenset(),  # type: ignore[assignment]
-          ) -> dict[str, list[Pair]]:
-    """topic -> pairs of ``language`` for ``topics``, without pairs that contain an utterance of
-    ``exclude`` and with each utterance kept once (de-duplicated across topics too)."""
+          ) -> dict[str, list[list[Pair]]]:
+    """topic -> conversations (pairs in file order) of ``language`` for ``topics``, without
+    pairs that contain an utterance of ``exclude`` and with each utterance kept once
+    (de-duplicated across topics too); topics with fewer than 4 pairs left are dropped."""
     data = load_topics(language)
     seen = set(exclude)
-    out: dict[str, list[Pair]] = {}
+    out: dict[str, list[list[Pair]]] = {}
     for name in topics:
-        kept = []
+        convs = []
         for conv in data.get(name, []):
+            kept = []
             for q, a in conv:
                 if q in seen or a in seen:
                     continue
                 seen.update((q, a))
                 kept.append((q, a))
-        if len(kept) >= 4:
-            out[name] = kept
+            if kept:
+                convs.append(kept)
+        if sum(map(len, convs)) >= 4:
+            out[name] = convs
     return out
 
 
-def build_sessions(pool: dict[str, list[Pair]], n: int, seed: int) -> list[Session]:
-    """``n`` sessions of 2-4 topic blocks of 2-5 pairs (a block's first turn is a jump)."""
+def utterances(pool: dict[str, list[list[Pair]]]) -> set[str]:
+    return {t for convs in pool.values() for conv in convs for pair in conv for t in pair}
+
+
+def _block(convs: list[list[Pair]], k: int, rng: random.Random, contiguous: bool) -> list[Pair]:
+    if not contiguous:
+        flat = [p for conv in convs for p in conv]
+        return rng.sample(flat, min(k, len(flat)))
+    start = rng.randrange(len(convs))  # a conversation's start, then on through the file
+    flat = [p for conv in convs[start:] + convs[:start] for p in conv]
+    return flat[:k]
+
+
+def build_sessions(pool: dict[str, list[list[Pair]]], n: int, seed: int,
+                   contiguous: bool = True) -> list[Session]:
+    """``n`` sessions of 2-4 topic blocks of 2-5 pairs (a block's first turn is a jump); see
+    the module docstring for ``contiguous``."""
     rng = random.Random(seed)
     names = sorted(pool)
     if len(names) < 2:
@@ -142,8 +177,8 @@ def build_sessions(pool: dict[str, list[Pair]], n: int, seed: int) -> list[Sessi
         for b in range(rng.randint(2, 4)):
             topic = rng.choice([t for t in names if t != prev])
             prev = topic
-            k = min(rng.randint(2, 5), len(pool[topic]))
-            for j, (q, a) in enumerate(rng.sample(pool[topic], k)):
+            block = _block(pool[topic], rng.randint(2, 5), rng, contiguous)
+            for j, (q, a) in enumerate(block):
                 session.append((q, a, b > 0 and j == 0))
         sessions.append(session)
     return sessions
@@ -154,15 +189,59 @@ def load_natural(path: Path = NATURAL) -> list[Session]:
     return [[(t["user"], t["assistant"], bool(t["jump"])) for t in r["turns"]] for r in rows]
 
 
-def _best(make: Any, sessions: Sequence[Session]) -> tuple[float, float]:
-    """(threshold, F1) of the best threshold in ``THRESHOLDS`` on ``sessions``."""
-    return max(((t, evaluate(make(t), sessions)["f1"]) for t in THRESHOLDS),
-               key=lambda x: (x[1], -x[0]))
+def teacher_features(detector: TopicDetector, sessions: Sequence[Session],
+                     ) -> tuple[list[list[float]], list[bool]]:
+    """Signal features of every turn the model decides (not a first turn, not too short, no
+    shift marker), each against the true history (the state follows the true jumps)."""
+    xs: list[list[float]] = []
+    ys: list[bool] = []
+    for session in sessions:
+        state = TopicState()
+        for i, (q, a, jump) in enumerate(session):
+            found = detector.signals(state, q) if i else None
+            if (found is not None and content_chars(q) >= detector.config.min_content
+                    and not has_shift_marker(q)):
+                xs.append(found[1])
+                ys.append(jump)
+            detector.add_turn(state, q, a, jump)
+    return xs, ys
+
+
+def fit_model(sets: Sequence[tuple[Featurizer, Sequence[Session]]]) -> tuple[SignalModel, float]:
+    """The signal model fitted on ``sets`` (each weighs the same), then its cutoff with the
+    best mean F1 over them running on its own verdicts; returns (model, that mean F1)."""
+    xs: list[list[float]] = []
+    ys: list[bool] = []
+    ws: list[float] = []
+    for feat, sessions in sets:
+        x, y = teacher_features(TopicDetector(None, feat), sessions)
+        xs += x
+        ys += y
+        ws += [1.0 / len(x)] * len(x)
+    scale = len(xs) / len(sets)
+    model = SignalModel.fit(xs, ys, [w * scale for w in ws])
+
+    def mean_f1(cutoff: float) -> float:
+        m = model.with_cutoff(cutoff)
+        return statistics.fmean(evaluate(TopicDetector(None, feat, m), sessions)["f1"]
+                                for feat, sessions in sets)
+
+    scored = [(c, mean_f1(c)) for c in CUTOFFS]
+    cutoff, f1 = max(scored, key=lambda x: (x[1], -abs(x[0] - 0.5)))
+    return model.with_cutoff(cutoff), f1
+
+
+def best_rule(sets: Sequence[Sequence[Session]]) -> tuple[float, float]:
+    """(threshold, mean F1) of the baseline rule's best threshold over ``sets``."""
+    return max(((t, statistics.fmean(evaluate(RuleDetector(t), s)["f1"] for s in sets))
+                for t in THRESHOLDS), key=lambda x: (x[1], -x[0]))
 
 
 def per_turn_ms(detector: TopicDetector, turns: int = 50) -> float:
-    """p99 of observe_user + add_turn on a ``turns``-turn natural session (milliseconds)."""
+    """p99 of observe_user + add_turn on a ``turns``-turn session made of the natural set's
+    turns in order (milliseconds; one untimed turn first warms the featurizer up)."""
     natural = [t for s in load_natural() for t in s]
+    detector.detect([], natural[0][0])
     times = []
     state = TopicState()
     for q, a, _ in natural[:turns]:
@@ -174,28 +253,50 @@ def per_turn_ms(detector: TopicDetector, turns: int = 50) -> float:
     return times[min(len(times) - 1, int(0.99 * len(times)))]
 
 
-def run_topics(n_sessions: int = 120, seed: int = 0,
-               languages: Sequence[str] | None = None) -> dict[str, Any]:
-    """Tune on English held-in topics; score chatterbot held-out topics in ``languages`` (all
-    by default) and the natural set. See the module docstring for the JSON."""
+def footprint_here(turns: int = 50) -> dict[str, float]:
+    """This process's p99 per turn and peak RSS after loading the default detector and running
+    it on a ``turns``-turn session and on the whole natural set (run in a fresh interpreter)."""
+    detector = default_detector()
+    ms = per_turn_ms(detector, turns)
+    predictions(detector, load_natural())
+    return {"ms_per_turn_p99": round(ms, 3),
+            "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def footprint(turns: int = 50) -> dict[str, float]:
+    """``footprint_here`` in a fresh interpreter: what the detector costs a serving process."""
+    code = ("import json; from suffixmem_bench.topics import footprint_here; "
+            f"print(json.dumps(footprint_here({int(turns)})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=900)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | None = None,
+               contiguous: bool = True) -> dict[str, Any]:
+    """Tune on English held-in topics and the natural tuning sessions; score chatterbot
+    held-out topics in ``languages`` (all by default) and the natural set. See the module
+    docstring for the JSON."""
     names = sorted(load_topics("english"))
     tune_names, test_names = split_topic_names(names, seed)
-    tune_pool = pools("english", tune_names)
-    tune_sessions = build_sessions(tune_pool, n_sessions, seed + 1)
+    tune_sessions = build_sessions(pools("english", tune_names), n_sessions, seed + 1,
+                                   contiguous)
+    natural_tune = load_natural(NATURAL_TUNE)
     langs = list(languages) if languages is not None else available_languages()
-    tune_texts = [t for lang in available_languages() for p in
-                  pools(lang, tune_names).values() for pair in p for t in pair]
-    chat_feat = Featurizer().fit(tune_texts)
-    base = default_detector()
-    thr, _ = _best(lambda t: TopicDetector(replace(base.config, threshold=t), chat_feat),
-                   tune_sessions)
-    rule_thr, _ = _best(lambda t: RuleDetector(t), tune_sessions)
+    tune_pools = {lang: pools(lang, tune_names) for lang in available_languages()}
+    chat_feat = Featurizer().fit([t for p in tune_pools.values() for t in utterances(p)])
+    shipped = default_detector().featurizer  # the background serving uses (natural sets)
+    model, tune_f1 = fit_model([(chat_feat, tune_sessions), (shipped, natural_tune)])
+    rule_thr, rule_tune_f1 = best_rule([tune_sessions, natural_tune])
     rule = RuleDetector(rule_thr)
 
     datasets: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, list[str]] = {}  # fewer than two held-out topic files: no jump to score
 
-    def score(name: str, detector: TopicDetector, sessions: list[Session]) -> None:
+    def score(name: str, detector: TopicDetector, sessions: list[Session],
+              topics: list[str] | None = None) -> None:
         if not sessions:
+            skipped[name] = topics or []
             return
         ours = evaluate(detector, sessions)
         datasets[name] = {
@@ -204,22 +305,28 @@ def run_topics(n_sessions: int = 120, seed: int = 0,
             "baseline_f1": round(evaluate(rule, sessions)["f1"], 4),
             "turns": sum(len(s) - 1 for s in sessions), "jumps": int(ours["tp"] + ours["fn"]),
         }
+        if topics is not None:  # the topic files its sessions switch between
+            datasets[name]["topics"] = topics
 
-    chat_detector = TopicDetector(replace(base.config, threshold=thr), chat_feat)
     for lang in langs:
-        held_in = {t for p in pools(lang, tune_names).values() for pair in p for t in pair}
-        score(f"chatterbot-{lang}", chat_detector,
-              build_sessions(pools(lang, test_names, held_in), n_sessions, seed + 2))
-    natural_detector = TopicDetector(replace(base.config, threshold=thr), base.featurizer)
-    score("natural", natural_detector, load_natural())
+        pool = pools(lang, test_names, utterances(tune_pools[lang]))
+        score(f"chatterbot-{lang}", TopicDetector(None, chat_feat, model),
+              build_sessions(pool, n_sessions, seed + 2, contiguous), sorted(pool))
+    score("natural", TopicDetector(None, shipped, model), load_natural())
     return {
         "datasets": datasets,
         "f1": datasets["natural"]["f1"],
         "f1_min": min(d["f1"] for d in datasets.values()),
-        "threshold": thr, "baseline_threshold": rule_thr,
-        "tune_topics": tune_names, "test_topics": test_names,
-        "ms_per_turn_p99": round(per_turn_ms(natural_detector), 3),
-        "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "margin_min": round(min(d["f1"] - d["baseline_f1"] for d in datasets.values()), 4),
+        "model": model.describe(), "tune_f1": round(tune_f1, 4),
+        "baseline_threshold": rule_thr, "baseline_tune_f1": round(rule_tune_f1, 4),
+        "tuning": {"chatterbot": "english, tune_topics", "natural_tune": NATURAL_TUNE.name,
+                   "natural_tune_sessions": len(natural_tune), "scored": False},
+        "session_construction": "contiguous" if contiguous else "shuffled",
+        "tune_topics": tune_names, "test_topics": test_names, "skipped": skipped,
+        **footprint(),
+        "bench_process_peak_mb": round(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
 
@@ -232,13 +339,15 @@ def register(bench: Any) -> None:
         seed: int = typer.Option(0, help="random seed of the topic split and the sessions"),
         language: list[str] = typer.Option(  # noqa: B008
             None, help="chatterbot languages to score (default: all)"),
+        shuffled: bool = typer.Option(
+            False, "--shuffled", help="chatterbot blocks drawn at random from a topic file"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Precision/recall/F1 of topic-jump detection on held-out topics and natural chats."""
         from suffixmem_bench.measure import RunContext
 
         with RunContext() as ctx:  # quality figures, but the JSON carries the run's context too
-            result = run_topics(sessions, seed, language or None)
+            result = run_topics(sessions, seed, language or None, not shuffled)
         result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
@@ -246,7 +355,7 @@ def register(bench: Any) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title="topic jumps (tuned on English held-in topics only)")
+        table = Table(title="topic jumps (tuned on English tuning topics and natural_tune only)")
         for col in ("data set", "turns", "jumps", "precision", "recall", "F1", "rule F1"):
             table.add_column(col)
         for name, d in result["datasets"].items():

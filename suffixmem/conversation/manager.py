@@ -43,7 +43,7 @@ from suffixmem.conversation.manager_config import ManagerConfig, SessionInfo
 from suffixmem.conversation.reconcile import anon_key, check_messages, reconcile
 from suffixmem.conversation.records import NewMessage, NewSession
 from suffixmem.conversation.store import Store
-from suffixmem.conversation.temperature import scheme_for
+from suffixmem.conversation.temperature import scheme_for, session_range
 from suffixmem.conversation.topic import (
     TopicDetector,
     default_detector,
@@ -172,6 +172,17 @@ class ConversationManager:
             self.store.append_messages(session_id, new)
             self._forget(session_id)
 
+    def set_temperature_range(self, session_id: str, hot: float | None = None,
+                              cold: float | None = None) -> SessionInfo:
+        """Store the session's own semantic temperature range (``temperature.py``): ``hot``
+        while a topic holds, ``cold`` on a jump; None: the manager's. Its current temperature
+        moves into the range; a per-call ``temperature=`` still wins."""
+        scheme = self.temperature.with_range(hot, cold)  # InvalidRequestError names the field
+        with self._locks.hold(check_session_id(session_id), "set_temperature_range"):
+            rec = self.store.set_temperature_range(session_id, hot, cold, scheme.clamp)
+            self._versions[session_id] = self._versions.get(session_id, 0) + 1
+        return SessionInfo.from_record(rec)
+
     def clear_history(self, session_id: str) -> None:
         with self._locks.hold(check_session_id(session_id), "clear_history"):
             self.store.clear_history(session_id, self.temperature.initial())
@@ -217,6 +228,7 @@ class ConversationManager:
                 window_start=rec.window_start if rec is not None else 0,
                 stored_count=len(stored), version=version, sampling=params, create=new,
                 started=started,
+                temperature_range=session_range(rec),
             )
 
         return self._run(self._plan(spec()), spec)
@@ -271,6 +283,7 @@ class ConversationManager:
                 stored_count=len(stored) if stored is not None else 0, version=version,
                 sampling=params, create=new, replace=r.replace,
                 fresh_topic=r.replace or sid is None, started=started,
+                temperature_range=session_range(rec),
             )
 
         return self._run(self._plan(spec()), spec)
@@ -321,8 +334,9 @@ class ConversationManager:
 
     def _plan(self, spec: TurnSpec) -> Plan:
         verdict = self.topics.verdict(spec.key, spec.history, spec.user_text, spec.fresh_topic)
+        scheme = self.temperature.for_session(*spec.temperature_range)
         temperature = (
-            self.temperature.next(spec.session_temperature, verdict.jump)
+            scheme.next(spec.session_temperature, verdict.jump)
             if verdict.similarity is not None else spec.session_temperature
         )
         sampling = SamplingParams(**{"max_tokens": self.config.max_tokens,

@@ -92,8 +92,10 @@ class SessionInfo:
     updated_at: datetime
     message_count: int
     system_prompt: str | None
+    temperature_hot: float | None = None  # the session's own range; None: the manager's
+    temperature_cold: float | None = None
 
     @classmethod
     def from_record(cls, r: SessionRecord) -> SessionInfo:
         return cls(r.id, r.title, r.model, r.temperature, r.state, r.created_at, r.updated_at,
-                   r.message_count, r.system_prompt)
+                   r.message_count, r.system_prompt, r.temperature_hot, r.temperature_cold)

@@ -31,6 +31,8 @@ class SessionRecord:
     updated_at: datetime
     message_count: int
     forked_from: str | None = None
+    temperature_hot: float | None = None  # the session's own range; None: the manager's
+    temperature_cold: float | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -54,6 +54,9 @@ class SessionRow(Base):
     forked_from: Mapped[str | None] = mapped_column(String(128))
     # the replica that served its last turn (remote engine; migration 0002)
     replica: Mapped[str | None] = mapped_column(String(512))
+    # the session's own semantic temperature range; NULL: the manager's (migration 0004)
+    temperature_hot: Mapped[float | None] = mapped_column(Float)
+    temperature_cold: Mapped[float | None] = mapped_column(Float)
 
 
 class MessageRow(Base):

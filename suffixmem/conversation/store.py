@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, select
@@ -131,6 +131,7 @@ class Store(SegmentQueries):
             temperature=row.temperature, state=row.state, window_start=row.window_start,
             created_at=aware(row.created_at), updated_at=aware(row.updated_at),  # type: ignore[arg-type]
             message_count=int(count or 0), forked_from=row.forked_from,
+            temperature_hot=row.temperature_hot, temperature_cold=row.temperature_cold,
         )
 
     def open_session(
@@ -189,6 +190,7 @@ class Store(SegmentQueries):
                     temperature=r.temperature, state=r.state, window_start=r.window_start,
                     created_at=aware(r.created_at), updated_at=aware(r.updated_at),  # type: ignore[arg-type]
                     message_count=int(counts.get(r.id, 0)), forked_from=r.forked_from,
+                    temperature_hot=r.temperature_hot, temperature_cold=r.temperature_cold,
                 )
                 for r in rows
             ]
@@ -209,6 +211,7 @@ class Store(SegmentQueries):
                 id=nid, title=src.title, model=src.model, system_prompt=src.system_prompt,
                 temperature=src.temperature, state=src.state, window_start=src.window_start,
                 created_at=now, updated_at=now, forked_from=src_id,
+                temperature_hot=src.temperature_hot, temperature_cold=src.temperature_cold,
             )
             s.add(row)
             s.flush()
@@ -374,6 +377,22 @@ class Store(SegmentQueries):
             row.window_start = 0
             row.temperature = temperature
             row.updated_at = utcnow()
+
+    def set_temperature_range(self, session_id: str, hot: float | None, cold: float | None,
+                              clamp: Callable[[float], float]) -> SessionRecord:
+        """Store the session's own semantic temperature range (None: the manager's) and move
+        its current temperature with ``clamp`` (into the new range), in one transaction."""
+        sid = check_session_id(session_id)
+
+        def run(s: Session) -> SessionRecord:
+            row = self._lock_session(s, sid)
+            row.temperature_hot, row.temperature_cold = hot, cold
+            row.temperature = clamp(row.temperature)
+            row.updated_at = utcnow()
+            s.flush()
+            return self._record(s, row)
+
+        return self._retrying(run)  # type: ignore[no-any-return]
 
     # -- turn events ----------------------------------------------------------------------------
     def turn_events(self, session_id: str | None = None) -> list[TurnEvent]:

@@ -12,17 +12,21 @@ answers "The capital of France is Paris." in transformers and vLLM alike.
 
 Who overrides what:
 - per manager: ``SemanticTemperature.for_model(model, hot=..., cold_ratio=..., recovery_turns=...)``
-- per session: a session may carry its own ``(hot, cold)``; ``scheme.with_range(hot, cold)``
+- per session: a session may carry its own hot and/or cold temperature (stored in its row,
+  ``sessions.temperature_hot/temperature_cold``, migration 0004; set with
+  ``ConversationManager.set_temperature_range``); ``scheme.for_session(hot, cold)`` is the
+  manager's scheme with them, warming up over as many on-topic turns as the manager's.
 - per call: an explicit ``temperature=`` wins over the semantic one (``effective_temperature``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from suffixmem.errors import ConfigError
+from suffixmem.errors import ConfigError, InvalidRequestError
 
 # fallbacks for a model that recommends nothing (transformers' own default is 1.0, which small
 # models cannot afford): the old design's range, kept for compatibility
@@ -74,9 +78,33 @@ class SemanticTemperature:
 
     def with_range(self, hot: float | None = None, cold: float | None = None,
                    ) -> SemanticTemperature:
-        """This scheme with a session's own hot/cold temperatures (None keeps the current)."""
-        return replace(self, start=self.start if hot is None else float(hot),
-                       jump=self.jump if cold is None else float(cold))
+        """This scheme with a session's own hot/cold temperatures (None keeps this scheme's),
+        warming from cold to hot over as many on-topic turns as this scheme does. A bad value
+        raises ``InvalidRequestError`` naming ``temperature_hot`` or ``temperature_cold``."""
+        h, c = check_range(self, hot, cold)
+        if (h, c) == (self.start, self.jump):
+            return self
+        return self.with_turns(h, c, self.recovery_turns())
+
+    def for_session(self, hot: float | None, cold: float | None) -> SemanticTemperature:
+        """``with_range`` for values read back from a session row, which never fails a turn:
+        a stored value the manager's current range makes inconsistent (a cold above a hot
+        configured since) is clamped to it."""
+        if hot is None and cold is None:
+            return self
+        h = min(MAX_TEMPERATURE, max(0.0, self.start if hot is None else float(hot)))
+        c = min(h, max(0.0, self.jump if cold is None else float(cold)))
+        return self.with_turns(h, c, self.recovery_turns())
+
+    def recovery_turns(self) -> int:
+        """On-topic turns to warm from cold back to hot."""
+        if self.start <= self.jump:
+            return RECOVERY_TURNS
+        return max(1, round((self.start - self.jump) / self.recovery))
+
+    def clamp(self, current: float) -> float:
+        """``current`` moved into [cold, hot] (a session's temperature after its range moved)."""
+        return round(min(self.start, max(self.jump, current)), 6)
 
     def initial(self) -> float:
         """A new session's temperature: cold (its first turn opens a topic)."""
@@ -87,6 +115,36 @@ class SemanticTemperature:
         if jumped:
             return self.jump
         return round(min(self.start, max(self.jump, current + self.recovery)), 6)
+
+
+def check_range(scheme: SemanticTemperature, hot: float | None, cold: float | None,
+                ) -> tuple[float, float]:
+    """(hot, cold) for a session, None meaning ``scheme``'s own; ``InvalidRequestError``
+    naming the field for a non-number, a value outside [0, 5] or a cold above the hot."""
+    out = []
+    for name, v, default in (("temperature_hot", hot, scheme.start),
+                             ("temperature_cold", cold, scheme.jump)):
+        if v is None:
+            out.append(default)
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                0.0 <= v <= MAX_TEMPERATURE):
+            raise InvalidRequestError(
+                f"{name} must be a number in [0, {MAX_TEMPERATURE:g}], got {v!r}")
+        out.append(float(v))
+    h, c = out
+    if c > h:
+        raise InvalidRequestError(
+            f"temperature_cold ({c:g}) must not be above temperature_hot ({h:g})")
+    return h, c
+
+
+def session_range(record: Any) -> tuple[float | None, float | None]:
+    """(hot, cold) stored with a session record (``temperature_hot``/``temperature_cold``);
+    (None, None) for no record: the manager's range."""
+    if record is None:
+        return None, None
+    return (getattr(record, "temperature_hot", None), getattr(record, "temperature_cold", None))
 
 
 def effective_temperature(semantic: float, requested: float | None) -> float:

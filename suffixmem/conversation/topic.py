@@ -14,13 +14,17 @@ knows no list of topics and learns nothing at run time beyond the session's own 
    usually names the subject that later turns only imply) and with its latest turns; the
    closest counts. Shorter messages need proportionally less similarity to continue.
 3. **Conversation signals.** A message that opens with a continuation cue or, when short,
-   refers back with a pronoun ("what about its ...", "und warum?", "那第二个呢") needs far less
-   similarity to continue the topic; an explicit shift marker ("by the way", "unrelated
-   question", "übrigens", "顺便问一下", ...) is a jump unless the message is plainly about the
-   same subject. Fewer than ``min_content`` letters ("ok", "why?") is never a jump.
-
-The thresholds were set on English chatterbot-corpus sessions only (``suffixmem bench topics``
-tunes and scores; the fitting code lives there, not here).
+   refers back with a pronoun ("what about its ...", "und warum?", "那第二个呢") reads as a
+   follow-up; an explicit shift marker ("by the way", "unrelated question", "übrigens",
+   "顺便问一下", ...) is a jump unless the message is plainly about the same subject. Fewer
+   than ``min_content`` letters ("ok", "why?") is never a jump.
+4. **One decision over all signals** (``topic_signals``): the similarity, its drop below the
+   similarities the topic's own turns had (a per-session threshold), the share of the message
+   on n-grams the session never used, its length, follow-up cue and question form go through
+   a logistic model of six weights, fitted by ``suffixmem bench topics`` on its tuning data
+   and shipped in code. A detector built without a model (``TopicDetector(config)``) uses the
+   plain rule instead: similarity below ``threshold`` (scaled down for short messages) is a
+   jump.
 
 Stable API: ``default_detector()`` returns a ``TopicDetector``; ``detect(turns, message)`` gives
 a ``TopicVerdict`` with ``.jump``. The incremental form the manager uses:
@@ -46,6 +50,7 @@ from suffixmem.conversation.temperature import (  # noqa: F401
     SemanticTemperature,
 )
 from suffixmem.conversation.topic_cues import continues_topic, has_shift_marker
+from suffixmem.conversation.topic_signals import DEFAULT_MODEL, SignalModel
 from suffixmem.errors import ConfigError
 
 N_FEATURES = 2**18
@@ -100,9 +105,9 @@ def word_tokens(text: str) -> list[str]:
 @dataclass(slots=True, frozen=True)
 class TopicVerdict:
     """The detector's answer for one user turn. ``similarity``: the TF-IDF similarity with the
-    topic so far, in [0, 1] (``None`` on a session's first turn); ``reason``: which rule
-    decided ("first turn", "threshold", "follow-up", "reaction", "shift marker",
-    "too little content")."""
+    topic so far, in [0, 1] (``None`` on a session's first turn); ``probability``: the signal
+    model's P(jump) when it decided; ``reason``: which rule decided ("first turn", "signals",
+    "threshold", "follow-up", "reaction", "shift marker", "too little content")."""
 
     jump: bool
     similarity: float | None
@@ -160,6 +165,8 @@ class TopicState:
     turns: int = 0
     opening: tuple[Any, Any] | None = None  # the current topic's first turn (it names it)
     recent: list[tuple[Any, Any]] = field(default_factory=list)  # its latest turns
+    sims: list[float] = field(default_factory=list)  # its turns' similarities on arrival
+    observed: tuple[str, float] | None = None  # the last observed message and its similarity
     char_df: dict[int, int] = field(default_factory=dict)
     word_df: dict[int, int] = field(default_factory=dict)
 
@@ -237,9 +244,11 @@ class TopicDetector:
     """
 
     def __init__(self, config: TopicConfig | None = None,
-                 featurizer: Featurizer | None = None) -> None:
+                 featurizer: Featurizer | None = None,
+                 model: SignalModel | None = None) -> None:
         self.config = config or TopicConfig()
         self.featurizer = featurizer or Featurizer()
+        self.model = model
 
     def _vectors(self, state: TopicState, text: str) -> tuple[Any, Any]:
         c, w = self.featurizer.counts(text)
@@ -253,7 +262,9 @@ class TopicDetector:
         and word cosines (character only when either side has no words)."""
         if state.turns == 0 or state.char is None:
             return None
-        c, w = self._vectors(state, message)
+        return self._similarity(state, *self._vectors(state, message))
+
+    def _similarity(self, state: TopicState, c: Any, w: Any) -> float:
         cw = self.config.char_weight
 
         def blend(ref_c: Any, ref_w: Any) -> float:
@@ -269,17 +280,37 @@ class TopicDetector:
             best = max(best, blend(ref_c, ref_w))
         return max(0.0, min(1.0, best))
 
+    def signals(self, state: TopicState, message: str) -> tuple[float, list[float]] | None:
+        """(similarity, feature vector ordered as ``topic_signals.FEATURES``) of ``message``
+        against the topic in ``state``; None before any turn."""
+        if state.turns == 0 or state.char is None:
+            return None
+        c, w = self._vectors(state, message)
+        sim = self._similarity(state, c, w)
+        # squared weights of an l2-normed row sum to 1: this is the share on unseen n-grams
+        novelty = float(sum(v * v for i, v in zip(c.indices, c.data, strict=True)
+                            if int(i) not in state.char_df)) if c.nnz else 0.0
+        drop = sum(state.sims) / len(state.sims) - sim if state.sims else 0.0
+        return sim, [sim, drop, novelty, math.log1p(content_chars(message)) / 5.0,
+                     float(continues_topic(message)), float(is_question(message))]
+
     def observe_user(self, state: TopicState, message: str) -> TopicVerdict:
-        """Is ``message`` a jump from the topic in ``state``? (``state`` is not changed.)"""
-        sim = self.similarity(state, message)
+        """Is ``message`` a jump from the topic in ``state``? (``state`` only remembers the
+        message's similarity, so that ``add_turn`` need not compute it again.)"""
+        found = self.signals(state, message) if self.model is not None else None
+        sim = found[0] if found is not None else self.similarity(state, message)
         if sim is None:
             return TopicVerdict(False, None, reason="first turn")
+        state.observed = (message, sim)
         cfg = self.config
         content = content_chars(message)
         if content < cfg.min_content:
             return TopicVerdict(False, sim, reason="too little content")
         if has_shift_marker(message):
             return TopicVerdict(sim < cfg.marker_ceiling, sim, reason="shift marker")
+        if found is not None and self.model is not None:
+            p = self.model.probability(found[1])
+            return TopicVerdict(p >= self.model.cutoff, sim, p, reason="signals")
         if content < cfg.short_content and not is_question(message):
             return TopicVerdict(False, sim, reason="reaction")
         scale = min(1.0, content / cfg.full_content) if cfg.full_content else 1.0
@@ -290,15 +321,22 @@ class TopicDetector:
 
     def add_turn(self, state: TopicState, user: str, assistant: str, jump: bool) -> None:
         """Fold a finished turn into the topic (a jump starts a new topic from this turn)."""
+        if state.observed is not None and state.observed[0] == user:
+            sim: float | None = state.observed[1]
+        else:
+            sim = self.similarity(state, user)
+        state.observed = None
         text = f"{user}\n{assistant}"
         c, w = self._vectors(state, text)
         if jump or state.char is None:
             state.char, state.word = c, w
-            state.opening, state.recent = (c, w), []
+            state.opening, state.recent, state.sims = (c, w), [], []
         else:
             d = self.config.decay
             state.char = d * state.char + (1 - d) * c
             state.word = d * state.word + (1 - d) * w
+            if sim is not None:
+                state.sims = [*state.sims, sim][-max(1, self.config.topic_turns):]
         state.last_char, state.last_word = c, w
         state.recent = [*state.recent, (c, w)][-self.config.topic_turns:] \
             if self.config.topic_turns else []
@@ -336,8 +374,10 @@ def _background() -> Featurizer:
     return Featurizer(char_df, word_df, docs)
 
 
-def default_detector(config: TopicConfig | None = None) -> TopicDetector:
-    """The manager's detector: default ``TopicConfig`` and the shipped background IDF (read
-    from package data in well under a second; nothing is trained). The background is shared
-    between detectors (read-only)."""
-    return TopicDetector(config, _background())
+def default_detector(config: TopicConfig | None = None,
+                     model: SignalModel | None = DEFAULT_MODEL) -> TopicDetector:
+    """The manager's detector: default ``TopicConfig``, the shipped background IDF (read from
+    package data in well under a second; nothing is trained) and the shipped signal model
+    (``model=None``: the plain threshold rule). The background is shared between detectors
+    (read-only)."""
+    return TopicDetector(config, _background(), model)

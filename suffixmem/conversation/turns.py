@@ -102,6 +102,8 @@ class TurnSpec:
     replace: bool = False
     fresh_topic: bool = False
     started: float = field(default_factory=time.perf_counter)
+    # the session's own semantic temperature range (hot, cold); None: the manager's
+    temperature_range: tuple[float | None, float | None] = (None, None)
 
 
 @dataclass(slots=True)

@@ -137,6 +137,30 @@ def test_semantic_temperature_is_used_when_not_given(manager: ConversationManage
     assert not t2.topic_jump and t2.temperature == 0.05
 
 
+def test_session_temperature_range_and_per_call_override(manager: ConversationManager) -> None:
+    manager.open_session("range")
+    with pytest.raises(InvalidRequestError, match="temperature_cold"):
+        manager.set_temperature_range("range", hot=0.3, cold=0.5)
+    with pytest.raises(InvalidRequestError, match="temperature_hot"):
+        manager.set_temperature_range("range", hot=-1.0)
+    assert manager.get_session("range").temperature_hot is None  # a refused range lost nothing
+    info = manager.set_temperature_range("range", hot=0.6, cold=0.2)
+    # stored with the session; its current temperature (greedy) moved up into the range
+    assert (info.temperature_hot, info.temperature_cold, info.temperature) == (0.6, 0.2, 0.2)
+    t1 = manager.chat("range", "Tell me about the python programming language.", max_tokens=6,
+                      seed=1)
+    assert t1.temperature == 0.2  # a first turn opens a topic: the session's cold
+    t2 = manager.chat("range", "Is the python programming language easy to learn?",
+                      max_tokens=6, seed=1, temperature=0.9)
+    # the call's explicit temperature is what it sampled at ...
+    assert not t2.topic_jump and t2.temperature == 0.9
+    # ... while the session warmed by its own step: (0.6 - 0.2) over the manager's 4 turns
+    assert manager.get_session("range").temperature == 0.3
+    assert manager.list_sessions()[0].temperature_hot == 0.6  # read back from SQL
+    forked = manager.fork_session("range", "range-fork")
+    assert (forked.temperature_hot, forked.temperature_cold) == (0.6, 0.2)
+
+
 @pytest.mark.parametrize("fail_after", [0, 3])
 def test_engine_failure_leaves_history_unchanged(manager: ConversationManager,
                                                  engine: FlakyEngine, fail_after: int) -> None:

@@ -30,7 +30,7 @@ def test_migrations_up_and_down(db_url: str) -> None:
     assert _tables(db_url) == set()
     upgrade(db_url)
     assert _tables(db_url) == TABLES
-    assert current_revision(db_url) == "0003"
+    assert current_revision(db_url) == "0004"
     # the migrated schema is exactly what the ORM models describe
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
@@ -62,7 +62,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'x.db'}"
     Store(url).close()
-    assert current_revision(url) == "0003"
+    assert current_revision(url) == "0004"
 
 
 def test_sessions_lifecycle(db_url: str) -> None:
@@ -228,4 +228,19 @@ def test_turn_state_and_commit_turn_create_and_replace(db_url: str) -> None:
         st.commit_turn("gone", [NewMessage("user", "x", None, 1)], ev, temperature=0.8,
                        window_start=0)
     assert st.turn_state("gone") is None
+    st.close()
+
+
+def test_session_temperature_range_is_stored(db_url: str) -> None:
+    st = Store(db_url)
+    st.open_session("r", temperature=0.0)
+    rec = st.set_temperature_range("r", 0.6, None, lambda t: min(0.6, max(0.2, t)))
+    assert (rec.temperature_hot, rec.temperature_cold, rec.temperature) == (0.6, None, 0.2)
+    assert st.require_session("r").temperature_hot == 0.6
+    assert st.list_sessions()[0].temperature_hot == 0.6
+    assert st.fork_session("r", "r2").temperature_hot == 0.6
+    rec = st.set_temperature_range("r", None, None, lambda t: t)  # back to the manager's
+    assert (rec.temperature_hot, rec.temperature_cold, rec.temperature) == (None, None, 0.2)
+    with pytest.raises(UnknownSessionError):
+        st.set_temperature_range("nope", 0.5, 0.1, lambda t: t)
     st.close()
