@@ -13,8 +13,9 @@ builds it:
   ``CondensePlusContextChatEngine`` layout of ``workloads/rag.py``.
 
 At each turn after the first, the runs that context shift finds (``find_runs`` against the
-previous sequence, prompt plus reply, from the prefix cache's whole-block hit on, at least
-``min_run`` tokens) become the event's segments, as a ``ScenarioPrompt`` whose one fill is the
+previous sequence, prompt plus reply, as far as its whole blocks go, from the prefix cache's
+whole-block hit on, at least ``min_run`` tokens, never the last prompt token) become the
+event's segments, as a ``ScenarioPrompt`` whose one fill is the
 previous sequence. ``overflow`` keeps only the turns where the layout evicted (the others are
 prefix-cache hits with nothing to shift). Events are what the engine's hook would place; their
 quality is measured like the scenarios' (``segment_scenarios.methods_quality``).
@@ -44,10 +45,17 @@ def shift_event(previous: Sequence[int], ids: Sequence[int], min_run: int = 32
                 ) -> ScenarioPrompt | None:
     """The event of prompt ``ids`` after the session's ``previous`` sequence, or ``None`` when
     context shift would find nothing past the prefix-cache hit."""
-    from suffixmem.engine.reuse.context_shift import find_runs
+    from suffixmem.engine.reuse.context_shift import ShiftRun, find_runs
 
     start = min(_common(previous, ids), len(ids) - 1) // BLOCK * BLOCK
-    runs = [r for r in find_runs(previous, ids, start, min_run) if r.new_end < len(ids)]
+    # the previous sequence's KV lies in whole cached blocks (its last token was never fed)
+    cached = previous[:(len(previous) - 1) // BLOCK * BLOCK]
+    runs = []
+    for r in find_runs(cached, ids, start, min_run):
+        if r.new_end >= len(ids):  # the last prompt token is always computed
+            r = ShiftRun(r.new_start, r.old_start, len(ids) - 1 - r.new_start)
+        if r.length >= min_run:
+            runs.append(r)
     if not runs:
         return None
     return ScenarioPrompt(

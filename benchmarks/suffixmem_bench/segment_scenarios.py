@@ -9,7 +9,11 @@ Three ways the cached segments came to be, the same evaluated prompt
   RAG chunk cache fills);
 - ``reordered``: both documents were computed behind another dialogue in the swapped order.
 
-Per scenario, against full recomputation of the evaluated prompt:
+Every recompute method of ``METHODS`` (``BlendConfig``: first k, top r at check layers, fresh
+lower layers) is measured on the primitives (``methods_quality``); ``choose_method`` picks the
+cheapest one that passes ``GATE`` on the independent construction (else the most accurate), and
+that one also runs through the serving engine. Per scenario, against full recomputation of the
+evaluated prompt:
 
 - ``mean_kl`` / ``top1_agreement``: teacher-forced over the reference's greedy continuation, on
   the engine's own primitives (``Llama`` + ``place_segments``) in the serving dtype (bf16);
@@ -174,7 +178,7 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
     from suffixmem_bench.segment_quality import compare, make_rig
 
     longest = max(max(len(p.ids), *(len(f) for f, _ in p.fills)) for p in prompts)
-    rig = make_rig(llama, longest + continuation, runs=len(prompts[0].fills) + 2)
+    rig = make_rig(llama, longest + continuation, runs=max(len(p.fills) for p in prompts) + 2)
     runner = rig.runner
     layers = llama.config.num_layers
     acc: dict[str, dict[str, list[float]]] = {m.label(): {} for m in methods}

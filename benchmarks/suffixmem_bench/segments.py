@@ -24,12 +24,18 @@ in fp32 by default so that kernel rounding does not blur the comparison; TTFT ru
 the gate (top-1 >= 0.95, KL <= 0.05, speed-up >= 2 with segments >= 75% of the prompt); when
 none passes the report says so and exact mode stays the default.
 
-``scenarios`` (``segment_scenarios.py``) measure the engine's default policy in bf16 through the
-serving engine on three constructions (same context, independent, reordered), with a task check,
-against issue 14's gate (``scenario_gate``).
+``scenarios`` and ``methods`` (``segment_scenarios.py``) measure every recompute method
+(first-k, CacheBlend top-r, check depth, fresh lower layers) in bf16 on the engine's primitives
+on three constructions (same context, independent, reordered); the cheapest method that passes
+issue 14's gate on the independent construction (else the most accurate) then runs through the
+serving engine, with a task check, for ``scenarios``. ``events`` (``segment_events.py``) are the
+overflow and rag workloads' real reuse events, measured the same way, and ``workload_defaults``
+says per workload class whether segment reuse is on by default (exactly when its gate passes).
 
 It also runs the attention-entropy detector over multi-turn sessions whose retrieved passages
-recur, and reports how often its regions are later met again outside the prefix cache.
+recur, and reports how often its regions are later met again outside the prefix cache
+(``segment_detector.py``). Prompts: ``segment_prompts.py``; measurement: ``segment_quality.py``;
+console tables: ``segment_report.py``.
 """
 
 from __future__ import annotations

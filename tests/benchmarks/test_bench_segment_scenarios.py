@@ -115,7 +115,7 @@ def test_shift_event_places_the_runs_found_after_the_prefix_hit() -> None:
 
     system = list(range(1000, 1040))  # 40 tokens: the prefix hit covers 32 (whole blocks)
     old_turns, kept = list(range(2000, 2050)), list(range(3000, 3060))
-    previous = system + old_turns + kept + [7, 8]
+    previous = system + old_turns + kept + list(range(4000, 4020))  # the last reply
     ids = system + kept + [9, 9, 9]
     ev = shift_event(previous, ids)
     assert ev is not None and len(ev.fills) == 1 and ev.fills[0][0] == previous
@@ -124,6 +124,9 @@ def test_shift_event_places_the_runs_found_after_the_prefix_hit() -> None:
     assert ev.spans == ((40, 100),) and ev.origin == ((0, 90),)
     assert previous[90:150] == ids[40:100]
     assert shift_event(previous, system + [5] * 40) is None  # nothing long enough moved
+    # KV lies in whole blocks only (the last one, partial, was never cached)
+    short = shift_event(system + old_turns + kept, ids)
+    assert short is not None and short.spans == ((40, 94),)  # 150 // 16 * 16 = 144 = 90 + 54
     assert event_summary([ev])["events"] == 1 and event_summary([])["events"] == 0
 
 
