@@ -92,7 +92,7 @@ def overflow_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
         history: list[Message] = []
         start = 0
         previous: list[int] | None = None
-        for t, user in enumerate(users):
+        for user in users:
             p = layout.build(engine, w.system_prompt, history, user, (), start, budget)
             start = p.window_start
             ids = list(p.token_ids)
@@ -100,7 +100,7 @@ def overflow_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
                 event = shift_event(previous, ids)
                 if event is not None:
                     events.append(event)
-            reply, text = _reply(engine, f"{tag}-overflow-{s}-{t}", ids, w.max_tokens)
+            reply, text = _reply(engine, f"{tag}-overflow-{s}", ids, w.max_tokens)
             previous = ids + reply
             # the manager stores the generated ids and renders the next prompt from them
             keep = tuple(reply) if reply and engine.detokenize(reply) == text else None
@@ -127,7 +127,7 @@ def rag_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
                 event = shift_event(previous, ids)
                 if event is not None:
                     events.append(event)
-            reply, text = _reply(engine, f"{tag}-rag-{s}-{t}", ids, w.max_tokens)
+            reply, text = _reply(engine, f"{tag}-rag-{s}", ids, w.max_tokens)
             previous = ids + reply
             # the framework resends the history as text, re-tokenized every turn
             history += [Message("user", user), Message("assistant", text)]
