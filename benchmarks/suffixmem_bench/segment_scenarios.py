@@ -9,7 +9,11 @@ Three ways the cached segments came to be, the same evaluated prompt
   RAG chunk cache fills);
 - ``reordered``: both documents were computed behind another dialogue in the swapped order.
 
-Per scenario, against full recomputation of the evaluated prompt:
+Every recompute method of ``METHODS`` (``BlendConfig``: first k, top r at check layers, fresh
+lower layers) is measured on the primitives (``methods_quality``); ``choose_method`` picks the
+cheapest one that passes ``GATE`` on the independent construction (else the most accurate), and
+that one also runs through the serving engine. Per scenario, against full recomputation of the
+evaluated prompt:
 
 - ``mean_kl`` / ``top1_agreement``: teacher-forced over the reference's greedy continuation, on
   the engine's own primitives (``Llama`` + ``place_segments``) in the serving dtype (bf16);
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from suffixmem_bench.corpus import reference_text, stdlib_paragraphs
-from suffixmem_bench.segments import SYSTEM, _compare, chatml, dialogue_pairs
+from suffixmem_bench.segment_prompts import SYSTEM, chatml, dialogue_pairs
 
 SCENARIOS: tuple[str, ...] = ("same_context", "independent", "reordered")
 TASK = ("Which Python module does Document {j} describe? Answer with the module name only.")
@@ -102,19 +106,82 @@ def build_scenario(encode: Encode, scenario: str, count: int = 6, segment_tokens
     return out
 
 
-def scenario_quality(llama: Any, prompts: Sequence[ScenarioPrompt], blend: Any,
-                     continuation: int = 64) -> dict[str, float]:
-    """Teacher-forced ``mean_kl`` and ``top1_agreement`` of reuse under ``blend``, on the
-    engine's primitives in ``llama``'s dtype (see the module docstring)."""
+METHODS: tuple[tuple[int, float, tuple[int, ...], int], ...] = (
+    (0, 0.0, (1,), 0),     # re-rotation only
+    (16, 0.0, (1,), 0),    # boundary: the first tokens of each segment (EPIC, attention sink)
+    (32, 0.0, (1,), 0),
+    (0, 0.15, (1,), 0),    # CacheBlend: the 15% most deviating tokens at layer 1
+    (16, 0.15, (1,), 0),   # both
+    (16, 0.3, (1,), 0),
+    (16, 0.5, (1,), 0),
+    (16, 0.3, (4,), 0),    # per-layer: deviation measured deeper
+    (16, 0.0, (1,), 4),    # per-layer: the lowest 4 layers fresh for every token
+    (16, 0.3, (1,), 8),
+    (0, 1.0, (1,), 0),     # control: everything recomputed through the reuse path
+)
+"""``(first_k, ratio, check_layers, full_layers)`` of every recompute method measured, cheapest
+families first. The control shows the harness's own numerical floor."""
+
+
+def blends(methods: Sequence[tuple[int, float, tuple[int, ...], int]] = METHODS) -> list[Any]:
+    """``BlendConfig``s of ``methods``."""
+    from suffixmem.engine.reuse.blend import BlendConfig
+
+    return [BlendConfig(first_k=k, ratio=r, check_layers=c, full_layers=f)
+            for k, r, c, f in methods]
+
+
+def parse_method(label: str) -> Any:
+    """The ``BlendConfig`` a ``label()`` names: ``k16``, ``k16-r0.3@1``, ``k16-r0.3@1,4-L8``
+    (``InvalidRequestError`` naming the label otherwise)."""
+    import re
+
+    from suffixmem.engine.reuse.blend import BlendConfig
+    from suffixmem.errors import InvalidRequestError
+
+    m = re.fullmatch(r"k(\d+)(?:-r([0-9.]+)@([0-9,]+))?(?:-L(\d+))?", label.strip())
+    if m is None:
+        raise InvalidRequestError(f"method {label!r}: expected a label such as k16, "
+                                  "k16-r0.3@1 or k16-L4")
+    k, r, layers, full = m.groups()
+    return BlendConfig(first_k=int(k), ratio=float(r or 0.0),
+                       check_layers=tuple(int(x) for x in (layers or "1").split(",") if x),
+                       full_layers=int(full or 0))
+
+
+def first_line_end(decode: Callable[[list[int]], str] | None, cont: Sequence[int]) -> int:
+    """How many tokens of ``cont`` it takes to finish its first non-empty line (all of it when
+    the line never ends, or without ``decode``)."""
+    if decode is None:
+        return len(cont)
+    for j in range(1, len(cont) + 1):
+        text = decode(list(cont[:j])).lstrip()
+        if text and "\n" in text:
+            return j
+    return len(cont)
+
+
+def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequence[Any],
+                    continuation: int = 64, decode: Callable[[list[int]], str] | None = None,
+                    ) -> dict[str, dict[str, float]]:
+    """Per ``BlendConfig`` (keyed by ``label()``), against full recomputation of each prompt,
+    teacher-forced over the reference's greedy continuation on the engine's primitives in
+    ``llama``'s dtype: ``mean_kl``, ``top1_agreement``, ``free_running_agreement`` (the first
+    disagreement's step over the continuation: up to there both greedy runs feed the same
+    tokens, so it is what a greedy reuse run reproduces), ``task_agreement`` (the share of
+    prompts whose reference first line is reproduced token for token) and ``compute_share``
+    (the work of the reuse prefill, layers times tokens, over that of a full prefill). The
+    fills and the reference are computed once per prompt for every method."""
     import torch
 
     from suffixmem.engine.reuse.placement import SegmentSource, forward_layers, place_segments
-    from suffixmem_bench.segments import _rig
+    from suffixmem_bench.segment_quality import compare, make_rig
 
     longest = max(max(len(p.ids), *(len(f) for f, _ in p.fills)) for p in prompts)
-    rig = _rig(llama, longest + continuation)
+    rig = make_rig(llama, longest + continuation, runs=max(len(p.fills) for p in prompts) + 2)
     runner = rig.runner
-    kls, tops = [], []
+    layers = llama.config.num_layers
+    acc: dict[str, dict[str, list[float]]] = {m.label(): {} for m in methods}
     for p in prompts:
         n = len(p.ids)
         fill_bts = []
@@ -129,20 +196,40 @@ def scenario_quality(llama: Any, prompts: Sequence[ScenarioPrompt], blend: Any,
             steps.append(forward_layers(runner, ref_bt, [cont[-1]], [n + t], n + t + 1,
                                         want_logits=True))
             cont.append(int(steps[-1][-1].argmax()))
-        bt = rig.alloc(n + continuation)
-        sources = [SegmentSource(a, tuple(runner.slots(fill_bts[fi], range(fs, fs + b - a))), fs)
-                   for (a, b), (fi, fs) in zip(p.spans, p.origin, strict=True)]
-        pl = place_segments(runner, bt, p.ids, 0, sources, blend)
-        first = forward_layers(runner, bt, [p.ids[i] for i in pl.compute_positions],
-                               pl.compute_positions, n, want_logits=True)[-1:]
-        rest = forward_layers(runner, bt, cont[:-1], range(n, n + continuation - 1),
-                              n + continuation - 1, want_logits=True)
-        kl, top1, _ = _compare(torch.cat(steps), torch.cat([first, rest]))
-        kls.append(kl)
-        tops.append(top1)
-        for b in (bt, ref_bt, *fill_bts):
+        ref = torch.cat(steps)
+        line_end = first_line_end(decode, cont)
+        rig.blocks.decref(ref_bt)
+        for blend in methods:
+            bt = rig.alloc(n + continuation)
+            sources = [SegmentSource(a, tuple(runner.slots(fill_bts[fi], range(fs, fs + b - a))),
+                                     fs)
+                       for (a, b), (fi, fs) in zip(p.spans, p.origin, strict=True)]
+            pl = place_segments(runner, bt, p.ids, 0, sources, blend)
+            first = forward_layers(runner, bt, [p.ids[i] for i in pl.compute_positions],
+                                   pl.compute_positions, n, want_logits=True)[-1:]
+            rest = forward_layers(runner, bt, cont[:-1], range(n, n + continuation - 1),
+                                  n + continuation - 1, want_logits=True)
+            kl, top1, free = compare(ref, torch.cat([first, rest]))
+            work = len(pl.compute_positions) * layers + pl.checked_layers * n
+            row = acc[blend.label()]
+            for key, value in (("mean_kl", kl), ("top1_agreement", top1),
+                               ("free_running_agreement", free),
+                               ("task_agreement", float(round(free * continuation) >= line_end)),
+                               ("compute_share", work / (n * layers))):
+                row.setdefault(key, []).append(value)
+            rig.blocks.decref(bt)
+        for b in fill_bts:
             rig.blocks.decref(b)
-    return {"mean_kl": statistics.fmean(kls), "top1_agreement": statistics.fmean(tops)}
+    return {label: {k: statistics.fmean(v) for k, v in row.items()}
+            for label, row in acc.items()}
+
+
+def scenario_quality(llama: Any, prompts: Sequence[ScenarioPrompt], blend: Any,
+                     continuation: int = 64) -> dict[str, float]:
+    """Teacher-forced ``mean_kl`` and ``top1_agreement`` of reuse under ``blend`` (one method
+    of ``methods_quality``)."""
+    row = methods_quality(llama, prompts, [blend], continuation)[blend.label()]
+    return {"mean_kl": row["mean_kl"], "top1_agreement": row["top1_agreement"]}
 
 
 def _answer(text: str) -> str:
@@ -193,14 +280,59 @@ def scenario_engine(engine: Any, prompts: Sequence[ScenarioPrompt], blend: Any, 
     }
 
 
-def run_scenarios(llama: Any, engine: Any, encode: Encode, blend: Any, count: int = 6,
-                  segment_tokens: int = 200, continuation: int = 64, seed: int = 0,
-                  scenarios: Sequence[str] = SCENARIOS) -> dict[str, dict[str, float]]:
-    """``{scenario: {mean_kl, top1_agreement, free_running_agreement, task_agreement,
-    ttft_speedup}}`` for ``blend`` (see the module docstring)."""
+GATE: dict[str, float] = {"top1_min": 0.97, "kl_max": 0.02, "free_min": 0.5, "task_min": 0.9}
+"""Issue 14's gate (bf16, against full recomputation)."""
+
+
+def gate_passed(row: dict[str, float]) -> bool:
+    """Whether ``row`` (``mean_kl``, ``top1_agreement``, ``free_running_agreement``,
+    ``task_agreement``) passes ``GATE``."""
+    return (row["top1_agreement"] >= GATE["top1_min"] and row["mean_kl"] <= GATE["kl_max"]
+            and row["free_running_agreement"] >= GATE["free_min"]
+            and row["task_agreement"] >= GATE["task_min"])
+
+
+def choose_method(rows: dict[str, dict[str, float]], control: str = "k0-r1@1"
+                  ) -> tuple[str, bool]:
+    """The method to serve with and whether it passes the gate: the cheapest passing one
+    (``compute_share``, then the most accurate); when none passes, the most accurate one
+    (free-running, then top-1) except the full-recompute control."""
+    passing = [k for k, r in rows.items() if k != control and gate_passed(r)]
+    if passing:
+        return min(passing, key=lambda k: (rows[k]["compute_share"],
+                                           -rows[k]["top1_agreement"])), True
+    rest = [k for k in rows if k != control] or list(rows)
+    return max(rest, key=lambda k: (rows[k]["free_running_agreement"],
+                                    rows[k]["top1_agreement"], -rows[k]["mean_kl"])), False
+
+
+def run_scenarios(llama: Any, engine: Any, encode: Encode, methods: Sequence[Any],
+                  count: int = 6, segment_tokens: int = 200, continuation: int = 64,
+                  seed: int = 0, scenarios: Sequence[str] = SCENARIOS,
+                  decode: Callable[[list[int]], str] | None = None,
+                  method_scenarios: Sequence[str] = SCENARIOS) -> dict[str, Any]:
+    """Every method on the primitives over ``method_scenarios`` (``"methods"``), the one chosen
+    on the independent construction (``choose_method``), and that one through ``engine`` on
+    ``scenarios``: ``{"methods": {scenario: {label: row}}, "chosen": label,
+    "chosen_passed_on_primitives": bool, "scenarios": {scenario: {mean_kl, top1_agreement,
+    free_running_agreement, task_agreement, ttft_speedup, ...}}}``. In ``scenarios`` KL and top-1
+    come from the primitives (bf16), free-running, task and TTFT from the engine."""
+    by_label = {m.label(): m for m in methods}
+    prompts = {name: build_scenario(encode, name, count, segment_tokens, seed)
+               for name in dict.fromkeys([*method_scenarios, *scenarios])}
+    table = {name: methods_quality(llama, prompts[name], methods, continuation, decode)
+             for name in method_scenarios}
+    basis = table.get("independent") or next(iter(table.values()))
+    chosen, passed = choose_method(basis)
+    blend = by_label[chosen]
     out: dict[str, dict[str, float]] = {}
     for name in scenarios:
-        prompts = build_scenario(encode, name, count, segment_tokens, seed)
-        out[name] = {**scenario_quality(llama, prompts, blend, continuation),
-                     **scenario_engine(engine, prompts, blend, f"sc-{name}-{seed}", continuation)}
-    return out
+        prim = table[name][chosen] if name in table else methods_quality(
+            llama, prompts[name], [blend], continuation, decode)[chosen]
+        eng = scenario_engine(engine, prompts[name], blend, f"sc-{name}-{seed}", continuation)
+        out[name] = {"mean_kl": prim["mean_kl"], "top1_agreement": prim["top1_agreement"],
+                     **eng, "primitives_free_running_agreement": prim["free_running_agreement"],
+                     "primitives_task_agreement": prim["task_agreement"],
+                     "compute_share": prim["compute_share"]}
+    return {"methods": table, "chosen": chosen, "chosen_passed_on_primitives": passed,
+            "scenarios": out}

@@ -74,3 +74,101 @@ def test_targets_compare_with_vllm_direct() -> None:
     assert from_turn(direct, 2) == pytest.approx(0.15)
     assert ttft_vs_direct({"suffixmem_a": fast}, "x", "r", lambda f: 0.0, 1.0)["x"]["passed"] \
         is None
+
+
+def test_method_labels_parse_back() -> None:
+    from suffixmem.errors import InvalidRequestError
+
+    for b in sc.blends():
+        assert sc.parse_method(b.label()) == b
+    with pytest.raises(InvalidRequestError, match=r"method 'r0\.3'"):
+        sc.parse_method("r0.3")
+
+
+def row(kl: float, top1: float, free: float, task: float, cost: float) -> dict[str, float]:
+    return {"mean_kl": kl, "top1_agreement": top1, "free_running_agreement": free,
+            "task_agreement": task, "compute_share": cost}
+
+
+def test_choose_method_takes_the_cheapest_passing_one_else_the_most_accurate() -> None:
+    rows = {"k16": row(0.03, 0.95, 0.2, 0.5, 0.2), "k16-r0.5@1": row(0.01, 0.98, 0.6, 1.0, 0.6),
+            "k16-r0.3@1": row(0.015, 0.975, 0.55, 0.95, 0.45),
+            "k0-r1@1": row(0.0, 1.0, 1.0, 1.0, 1.1)}
+    assert sc.gate_passed(rows["k16-r0.3@1"]) and not sc.gate_passed(rows["k16"])
+    assert sc.choose_method(rows) == ("k16-r0.3@1", True)
+    # the full-recompute control is never chosen, even when it alone passes
+    failing = {"k16": rows["k16"], "k32": row(0.02, 0.96, 0.3, 0.8, 0.3),
+               "k0-r1@1": rows["k0-r1@1"]}
+    assert sc.choose_method(failing) == ("k32", False)
+
+
+def test_first_line_end_counts_tokens_to_the_first_newline() -> None:
+    pieces = ["\n", "json", ".", "loads", "\n", "more"]
+    decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
+    assert sc.first_line_end(decode, list(range(6))) == 5  # a leading newline does not count
+    assert sc.first_line_end(decode, [1, 2, 3]) == 3
+    assert sc.first_line_end(None, [1, 2]) == 2
+
+
+def test_shift_event_places_the_runs_found_after_the_prefix_hit() -> None:
+    from suffixmem_bench.segment_events import event_summary, shift_event
+
+    system = list(range(1000, 1040))  # 40 tokens: the prefix hit covers 32 (whole blocks)
+    old_turns, kept = list(range(2000, 2050)), list(range(3000, 3060))
+    previous = system + old_turns + kept + list(range(4000, 4020))  # the last reply
+    ids = system + kept + [9, 9, 9]
+    ev = shift_event(previous, ids)
+    assert ev is not None and len(ev.fills) == 1 and ev.fills[0][0] == previous
+    # the kept turns moved from 90 to 40; the system prompt's tail after the whole-block hit
+    # (8 tokens at the same position) is shorter than a run
+    assert ev.spans == ((40, 100),) and ev.origin == ((0, 90),)
+    assert previous[90:150] == ids[40:100]
+    assert shift_event(previous, system + [5] * 40) is None  # nothing long enough moved
+    # KV lies in whole blocks only (the last one, partial, was never cached)
+    short = shift_event(system + old_turns + kept, ids)
+    assert short is not None and short.spans == ((40, 94),)  # 150 // 16 * 16 = 144 = 90 + 54
+    assert event_summary([ev])["events"] == 1 and event_summary([])["events"] == 0
+
+
+def test_workload_defaults_follow_the_gate() -> None:
+    from suffixmem_bench.segment_events import workload_defaults
+
+    good, bad = row(0.01, 0.98, 0.6, 1.0, 0.5), row(0.03, 0.93, 0.1, 0.5, 0.2)
+    events = {"overflow": {"methods": {"k16": good}, "chosen": "k16"},
+              "rag": {"methods": {"k16": bad}, "chosen": "k16"}}
+    d = workload_defaults(bad, "k16", events)
+    assert d["overflow"]["segment_reuse"] and d["overflow"]["why"] == "gate passed"
+    assert not d["documents"]["segment_reuse"]
+    assert d["rag"]["why"].startswith("gate missed on top-1, KL, free-running, task")
+    assert workload_defaults(None, None, {})["rag"]["segment_reuse"] is False
+
+
+@pytest.mark.slow
+def test_methods_quality_control_is_exact_and_reuse_is_not(encode, fp32_llama) -> None:  # type: ignore[no-untyped-def]
+    from suffixmem.engine.reuse.blend import BlendConfig
+
+    p = sc.build_scenario(encode, "independent", count=1, segment_tokens=60, seed=3)
+    control, moved = BlendConfig(first_k=0, ratio=1.0), BlendConfig(first_k=0)
+    rows = sc.methods_quality(fp32_llama, p, [control, moved], continuation=8)
+    c, m = rows[control.label()], rows[moved.label()]
+    assert c["mean_kl"] < 1e-6 and c["top1_agreement"] == c["free_running_agreement"] == 1.0
+    assert c["task_agreement"] == 1.0 and c["compute_share"] > 1.0  # plus the check pass
+    assert m["mean_kl"] > 1e-4 and m["compute_share"] < 0.5
+
+
+def test_rag_workload_travels_to_a_worker_with_its_turn_prompts(encode) -> None:  # type: ignore[no-untyped-def]
+    from suffixmem_bench.chat.peers import _TextHistory
+    from suffixmem_bench.chat.workload import Workload
+
+    count = lambda text: len(encode(text))  # noqa: E731
+    rag = get("rag").build(count, sessions=2, turns=2)
+    back = Workload.from_dict(rag.to_dict())  # what the worker process rebuilds
+    assert back.system_prompt_at(1, 1) == rag.turn_systems[1][1]
+    assert get("overflow").build(count, sessions=1, turns=2).system_prompt_at(0, 0) is None
+    hist = _TextHistory(None)
+    hist.open(0, "old")
+    hist.append(0, "q", "a")
+    hist.set_system(0, "new")
+    assert hist.history[0] == [{"role": "system", "content": "new"},
+                               {"role": "user", "content": "q"},
+                               {"role": "assistant", "content": "a"}]

@@ -85,6 +85,10 @@ class SuffixmemChat(ChatConfig):
         # than the first turn.
         self.manager.detector()
         self.sessions: dict[int, str] = {}
+        # sessions whose system prompt the workload rewrites every turn (rag): the application
+        # holds the message list, as a framework's chat engine does, and resends all of it
+        self.systems: dict[int, str] = {}
+        self.texts: dict[int, list[Any]] = {}
 
     def _wrap_stream(self) -> None:
         inner: Callable[[Any], Iterator[Any]] = self.engine.stream
@@ -115,6 +119,10 @@ class SuffixmemChat(ChatConfig):
         # the database kept the history: reopening returns the stored session unchanged
         self.open(session, system_prompt)
 
+    def set_system(self, session: int, system_prompt: str) -> None:
+        self.systems[session] = system_prompt
+        self.texts.setdefault(session, [])
+
     def tier_stats(self) -> dict[str, Any]:
         tier = getattr(self.engine, "kv_tier", None)
         if tier is None:
@@ -126,8 +134,18 @@ class SuffixmemChat(ChatConfig):
         t0 = time.perf_counter()
         ttft = 0.0
         final: Any = None
-        for event in self.manager.stream_chat(self.sessions[session], text, temperature=0.0,
-                                              max_tokens=self.options.max_tokens):
+        if session in self.systems:  # the whole conversation, resent (rag)
+            from suffixmem.engine.protocol import Message
+
+            history = self.texts[session]
+            sent = [Message("system", self.systems[session]), *history, Message("user", text)]
+            events = self.manager.stream_complete(self.sessions[session], sent,
+                                                  temperature=0.0,
+                                                  max_tokens=self.options.max_tokens)
+        else:
+            events = self.manager.stream_chat(self.sessions[session], text, temperature=0.0,
+                                              max_tokens=self.options.max_tokens)
+        for event in events:
             if hasattr(event, "token_id"):
                 if not ttft and event.token_id >= 0:
                     ttft = time.perf_counter() - t0
@@ -136,6 +154,10 @@ class SuffixmemChat(ChatConfig):
         latency = time.perf_counter() - t0
         if final is None:
             raise RuntimeError("stream_chat ended without a TurnResult")
+        if session in self.systems:
+            from suffixmem.engine.protocol import Message
+
+            self.texts[session] += [Message("user", text), Message("assistant", final.text)]
         result = final.result
         return TurnOutcome(final.text, self._recorded_ids(), list(result.token_ids),
                            final.cached_tokens, ttft or latency, latency, result.ttft_s,

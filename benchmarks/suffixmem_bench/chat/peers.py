@@ -63,6 +63,15 @@ class ChatConfig:
     def turn(self, session: int, text: str) -> TurnOutcome:
         raise NotImplementedError
 
+    def set_system(self, session: int, system_prompt: str) -> None:
+        """Replace ``session``'s system prompt before its next turn, keeping the history (the
+        ``rag`` workload writes the retrieved passages into it every turn). Peers keep a text
+        history (``self.chat``) and re-render it."""
+        chat = getattr(self, "chat", None)
+        if not isinstance(chat, _TextHistory):
+            raise NotImplementedError(f"{self.name} cannot change a session's system prompt")
+        chat.set_system(session, system_prompt)
+
     def resume(self, session: int, system_prompt: str, turns: Sequence[tuple[str, str]]) -> None:
         """Continue ``session`` in a new process after ``turns`` (user, reply) pairs."""
         raise NotImplementedError
@@ -114,6 +123,11 @@ class _TextHistory:
         self.history[session] = (
             [{"role": "system", "content": system_prompt}] if system_prompt else []
         )
+
+    def set_system(self, session: int, system_prompt: str) -> None:
+        hist = self.history[session]
+        rest = hist[1:] if hist and hist[0]["role"] == "system" else hist
+        self.history[session] = [{"role": "system", "content": system_prompt}, *rest]
 
     def prompt_text(self, session: int, text: str) -> str:
         messages = [*self.history[session], {"role": "user", "content": text}]

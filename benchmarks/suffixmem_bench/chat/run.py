@@ -166,10 +166,10 @@ def run_chat(
     ``spread``. ``keep_db``: keep each suffixmem configuration's database (with its segment
     log, for ``bench retention --trace``) there, from the last round.
 
-    ``workload_name`` picks one of ``suffixmem_bench.workloads`` (``overflow``, ``shared``):
-    its builder, its pinned engine options and its targets replace the default ones; the
-    sizes given here override the pinned ones only where they differ from this function's
-    defaults."""
+    ``workload_name`` picks one of ``suffixmem_bench.workloads`` (``overflow``, ``rag``,
+    ``shared``): its builder, its pinned engine options and its targets replace the default
+    ones; the sizes given here override the pinned ones only where they differ from this
+    function's defaults."""
     from suffixmem.config import DEFAULT_MODEL
     from suffixmem_bench.measure import RunContext, check_repeats
 
@@ -334,7 +334,8 @@ def register(bench: typer.Typer) -> None:
             "default", help="default | long (same as --long) | returning (issue 13: 24 "
             "sessions x 6 turns, own ~1,000-token prompts, 256 MiB pool, restart after round "
             "3; --sessions/--turns/--configs/--kv-cache-gib apply when given) | a pinned "
-            "workload of suffixmem_bench.workloads (overflow, shared; its sizes unless given)."),
+            "workload of suffixmem_bench.workloads (overflow, rag, shared; its sizes unless "
+            "given)."),
     ) -> None:
         """Multi-session multi-turn chat: suffixmem against naive recompute and peer engines."""
         names = tuple(c.strip() for c in configs.split(",") if c.strip())
@@ -344,7 +345,7 @@ def register(bench: typer.Typer) -> None:
                                      f"expected some of {list(CONFIGS)}")
         from suffixmem_bench import workloads as pinned
 
-        pinned_names = tuple(n for n in pinned.WORKLOADS if n != "rag")  # rag: not wired yet
+        pinned_names = pinned.WORKLOADS
         if workload not in ("default", "long", "returning", *pinned_names):
             raise typer.BadParameter(f"unknown workload {workload!r}; expected one of "
                                      f"{['default', 'long', 'returning', *pinned_names]}")

@@ -49,6 +49,9 @@ def run_config(
 
     def one(session: int, turn: int) -> None:
         text = workload.sessions[session][turn]
+        system = workload.system_prompt_at(session, turn)
+        if system is not None:  # the rag workload: new passages in the system prompt
+            config.set_system(session, system)
         out = config.turn(session, text)
         seen, seen_any = tracker.observe_both(session, out.prompt_ids, out.reply_ids)
         record = TurnRecord(

@@ -70,9 +70,17 @@ class Workload:
     # per-session system prompts (the ``returning`` workload); empty: all use system_prompt
     system_prompts: list[str] = field(default_factory=list)
     restart_after: int = 0  # rounds before the engine process is restarted (0: never)
+    # per-turn system prompts (the ``rag`` workload: retrieved passages written into it every
+    # turn), ``turn_systems[session][turn]``; empty: the session's prompt never changes
+    turn_systems: list[list[str]] = field(default_factory=list)
 
     def system_prompt_of(self, session: int) -> str:
         return self.system_prompts[session] if self.system_prompts else self.system_prompt
+
+    def system_prompt_at(self, session: int, turn: int) -> str | None:
+        """The system prompt turn ``turn`` (0-based) of ``session`` is sent with, when the
+        workload changes it every turn; ``None`` otherwise."""
+        return self.turn_systems[session][turn] if self.turn_systems else None
 
     @property
     def num_sessions(self) -> int:

@@ -9,9 +9,11 @@ prefix breaks near the top every turn, so a prefix cache recomputes the history 
 Capability: passages and history turns reuse their cached KV at new positions (context shift
 on the torch engine, ``exact=False``), the prompt the application wrote unchanged.
 
-``build`` returns a ``RagWorkload``: the usual ``Workload`` plus ``turn_systems[s][t]``, the
-system prompt of session ``s``'s turn ``t``. A harness sends each turn as the whole message list
-(``ConversationManager.complete``), the way the framework does.
+``build`` returns a ``RagWorkload``: a ``Workload`` whose ``turn_systems[s][t]`` is the system
+prompt of session ``s``'s turn ``t`` (plus the passages, kept out of ``to_dict``). The chat
+harness sets it before each turn (``ChatConfig.set_system``); the suffixmem configurations then
+send the whole message list (``ConversationManager.stream_complete``), the way the framework
+does, and the peers re-render their text history under the new system prompt.
 """
 
 from __future__ import annotations
@@ -67,8 +69,13 @@ TOPICS: tuple[tuple[str, str], ...] = (
 class RagWorkload(Workload):
     """A ``Workload`` whose system prompt changes every turn (``turn_systems[s][t]``)."""
 
-    turn_systems: list[list[str]] = field(default_factory=list)
     passages: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain ``Workload``'s fields (what a worker process rebuilds)."""
+        data = Workload.to_dict(self)
+        data.pop("passages", None)
+        return data
 
 
 def words(text: str) -> list[str]:

@@ -10,6 +10,10 @@ the old prefix (not fixable without recomputation). Two cheap remedies, combined
 - **top r by deviation** (CacheBlend): at a check layer, compute the segment's KV in the new
   context for real and compare it with the cached KV; the ratio ``r`` of tokens that deviate
   most are recomputed in every layer above, the rest reuse the cache.
+- **fresh lower layers** (a per-layer choice): every segment token is computed in the new
+  context through the first ``full_layers`` layers, so that only the layers above read cached
+  KV. Layer 0's KV depends on the token and its position alone (re-rotation makes it exact);
+  each layer above mixes in more of the old context.
 
 ``select_recompute`` is pure Python; ``kv_deviation`` works on tensors (torch imported lazily).
 """
@@ -36,6 +40,8 @@ class BlendConfig:
       their KV deviates most at the check layers; ``0`` skips the check entirely.
     - ``check_layers``: 0-based layer indices where deviation is measured; layers up to the
       highest one are computed for the whole segment in the new context.
+    - ``full_layers``: the lowest layers computed for every segment token in the new context
+      whether or not a check runs (``0``: none beyond what the check needs).
 
     The defaults (k = 16, r = 0) are ``suffixmem bench segments``' choice on SmolLM2-135M:
     teacher-forced top-1 agreement 0.979 and mean KL 0.003 against full recomputation, with a
@@ -46,6 +52,7 @@ class BlendConfig:
     first_k: int = 16
     ratio: float = 0.0
     check_layers: tuple[int, ...] = field(default=(1,))
+    full_layers: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.first_k, bool) or not isinstance(self.first_k, int) or self.first_k < 0:
@@ -56,11 +63,29 @@ class BlendConfig:
         if not self.check_layers or self.check_layers[0] < 0:
             raise ConfigError(f"check_layers must be non-empty layer indices >= 0, got "
                               f"{self.check_layers}")
+        if (isinstance(self.full_layers, bool) or not isinstance(self.full_layers, int)
+                or self.full_layers < 0):
+            raise ConfigError(f"full_layers must be an integer >= 0, got {self.full_layers!r}")
 
     @property
     def needs_check(self) -> bool:
         """Whether deviation must be measured (any top-r selection)."""
         return self.ratio > 0.0
+
+    @property
+    def fresh_depth(self) -> int:
+        """How many lowest layers are computed for every uncached token in the new context
+        before the reuse decision: ``max(full_layers, highest check layer + 1 if checking)``."""
+        return max(self.full_layers, self.check_layers[-1] + 1 if self.needs_check else 0)
+
+    def label(self) -> str:
+        """A short name for reports: ``k16``, ``k16-r0.3@1``, ``k16-L4``."""
+        out = f"k{self.first_k}"
+        if self.needs_check:
+            out += f"-r{self.ratio:g}@{','.join(map(str, self.check_layers))}"
+        if self.full_layers:
+            out += f"-L{self.full_layers}"
+        return out
 
     def num_deviating(self, num_tokens: int) -> int:
         """How many tokens of a ``num_tokens`` segment the top-r rule picks (beyond first k)."""

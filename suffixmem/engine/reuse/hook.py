@@ -88,9 +88,9 @@ class SegmentReuseHook:
             budget = max(1, int(engine.block_pool.num_blocks * DEFAULT_BUDGET_SHARE))
             cache_config = SegmentCacheConfig(max_blocks=budget)
         blend = blend or BlendConfig()
-        if blend.needs_check and blend.check_layers[-1] >= engine.model.config.num_layers:
+        if blend.fresh_depth > engine.model.config.num_layers:
             raise ValueError(
-                f"check layer {blend.check_layers[-1]} does not exist: the model has "
+                f"{blend.label()} needs {blend.fresh_depth} fresh layers: the model has "
                 f"{engine.model.config.num_layers} layers"
             )
         cache = SegmentCache(engine.block_pool, cache_config, scorer=scorer, clock=clock)

@@ -7,10 +7,11 @@ This is the tensor half of segment reuse; it runs on the torch engine's ``ModelR
    sequence's slots for its new positions. Keys were rotated for ``origin_start + i``; they are
    re-rotated by ``delta = start - origin_start`` so that they sit exactly at ``start + i``.
    Values carry no position and are copied as they are.
-2. With ``blend.ratio > 0``, layers ``0 .. max(check_layers)`` are computed for every uncached
-   position in the new context (cost ``(L + 1) / num_layers`` of a full prefill); at each check
-   layer the fresh K/V of segment tokens are compared with the re-rotated cached ones
-   (``blend.kv_deviation``). The fresh K/V of those lower layers stay in the pool.
+2. Layers ``0 .. blend.fresh_depth - 1`` (the check layers with ``blend.ratio > 0``, and at
+   least ``blend.full_layers``) are computed for every uncached position in the new context
+   (cost ``fresh_depth / num_layers`` of a full prefill); at each check layer the fresh K/V of
+   segment tokens are compared with the re-rotated cached ones (``blend.kv_deviation``). The
+   fresh K/V of those lower layers stay in the pool: reused tokens read cached K/V only above.
 3. The first ``k`` tokens of each segment and the top ``r`` deviating ones are marked for
    recomputation, as is every uncached token outside the segments and always the last prompt
    token (its logits start decoding). The result lists them; the caller computes them over all
@@ -64,9 +65,10 @@ class Placement:
     """What ``place_segments`` did and what remains to compute.
 
     ``compute_positions`` (ascending, ends with the last prompt position) must be computed over
-    all layers; ``reused_positions`` hold re-rotated cached K/V in the layers above the check
-    layers. ``recomputed`` counts segment tokens among ``compute_positions``; ``checked_layers``
-    is how many lower layers were computed for the whole uncached span (0 without a check).
+    all layers; ``reused_positions`` hold re-rotated cached K/V in the layers above the fresh
+    ones. ``recomputed`` counts segment tokens among ``compute_positions``; ``checked_layers``
+    is how many lower layers were computed for the whole uncached span (``blend.fresh_depth``,
+    0 without sources).
     """
 
     compute_positions: tuple[int, ...]
@@ -150,8 +152,10 @@ def place_segments(
                 f"[{num_cached}, {n}): got start {s.start}, end {s.end}"
             )
         last_end = s.end
-    if blend.needs_check and blend.check_layers[-1] >= m.config.num_layers:
-        raise ValueError(f"check layer {blend.check_layers[-1]} >= {m.config.num_layers} layers")
+    depth = blend.fresh_depth if sources else 0
+    if depth > m.config.num_layers:
+        raise ValueError(f"{blend.label()} needs {depth} fresh layers; the model has "
+                         f"{m.config.num_layers}")
 
     cached_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     with torch.inference_mode():
@@ -166,17 +170,17 @@ def place_segments(
             if blend.needs_check:
                 cached_kv.append((k, v))
 
-    # deviation at the check layers, from a fresh pass over the uncached span
+    # fresh lower layers over the uncached span, and deviation at the check layers
     deviations: list[list[float] | None] = [None] * len(sources)
-    checked = 0
-    if blend.needs_check and sources:
-        checked = blend.check_layers[-1] + 1
+    if depth:
         span = range(num_cached, n)
         kv_out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {
-            layer: (torch.empty(0), torch.empty(0)) for layer in blend.check_layers
+            layer: (torch.empty(0), torch.empty(0))
+            for layer in (blend.check_layers if blend.needs_check else ())
         }
         forward_layers(runner, block_table, [prompt_ids[p] for p in span], span, n,
-                       num_layers=checked, kv_out=kv_out)
+                       num_layers=depth, kv_out=kv_out)
+    if depth and blend.needs_check:
         for j, s in enumerate(sources):
             a, b = s.start - num_cached, s.end - num_cached
             per_layer = [
@@ -196,4 +200,4 @@ def place_segments(
         reused.discard(n - 1)
         recomputed += 1
     compute = tuple(p for p in range(num_cached, n) if p not in reused)
-    return Placement(compute, tuple(sorted(reused)), recomputed, checked)
+    return Placement(compute, tuple(sorted(reused)), recomputed, depth)

@@ -20,21 +20,29 @@ stays in the pool. Contract:
 - **Leases.** ``leased(...)`` hands out a hit whose blocks carry an extra reference for the
   duration of the ``with`` block, so a concurrent ``release_session`` or eviction cannot recycle
   them while the engine copies their KV.
+
+Keys, namespaces and ``SegmentHit`` live in ``segment_keys``, the settings in
+``segment_cache_config``; both are re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import threading
 import time
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
+from suffixmem.engine.reuse.segment_cache_config import SegmentCacheConfig
+from suffixmem.engine.reuse.segment_keys import (
+    GLOBAL_NAMESPACE,
+    BlockRefs,
+    SegmentHit,
+    SegmentKey,
+    namespace_for,
+    segment_key,
+)
 from suffixmem.errors import ConfigError
 from suffixmem.retention import (
     Decision,
@@ -51,114 +59,6 @@ __all__ = [
     "SegmentCacheStats", "SegmentFeatures", "SegmentHit", "SegmentKey", "Tier", "ValueScorer",
     "namespace_for", "segment_key",
 ]
-
-GLOBAL_NAMESPACE = "global"
-"""Namespace label of shared segments; session namespaces are ``session:<key>``."""
-
-
-def namespace_for(session_key: str, shared: bool) -> str:
-    """The cache namespace of a segment: global when ``shared``, else the session's own."""
-    return GLOBAL_NAMESPACE if shared else f"session:{session_key}"
-
-
-@dataclass(slots=True, frozen=True)
-class SegmentKey:
-    """A segment's identity: 16-byte BLAKE2b of (namespace, token ids)."""
-
-    digest: bytes
-
-    def hex(self) -> str:
-        return self.digest.hex()
-
-
-def segment_key(token_ids: Sequence[int], namespace: str) -> SegmentKey:
-    """Hash ``token_ids`` within ``namespace``; equal ids in different namespaces differ."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(namespace.encode("utf-8"))
-    h.update(b"\x00")
-    h.update(array("q", token_ids).tobytes())
-    return SegmentKey(h.digest())
-
-
-@runtime_checkable
-class BlockRefs(Protocol):
-    """The engine's block pool as the segment cache uses it: reference counting only."""
-
-    def incref(self, block_ids: Sequence[int]) -> None: ...
-
-    def decref(self, block_ids: Sequence[int]) -> None: ...
-
-
-@dataclass(slots=True)
-class SegmentCacheConfig:
-    """Validated settings. Times in seconds, budget in blocks (``0`` = unlimited)."""
-
-    session_ttl_s: float = 300.0
-    extended_ttl_s: float = 1800.0
-    pinned_threshold: float = 0.85
-    cache_threshold: float = 0.6
-    max_blocks: int = 0
-    min_tokens: int = 8
-
-    def __post_init__(self) -> None:
-        if not self.session_ttl_s > 0:
-            raise ConfigError(f"session_ttl_s must be > 0, got {self.session_ttl_s}")
-        if not self.extended_ttl_s > 0:
-            raise ConfigError(f"extended_ttl_s must be > 0, got {self.extended_ttl_s}")
-        if not 0.0 <= self.cache_threshold <= self.pinned_threshold <= 1.0:
-            raise ConfigError(
-                "need 0 <= cache_threshold <= pinned_threshold <= 1, got "
-                f"{self.cache_threshold} and {self.pinned_threshold}"
-            )
-        if self.max_blocks < 0:
-            raise ConfigError(f"max_blocks must be >= 0 (0 = unlimited), got {self.max_blocks}")
-        if self.min_tokens < 1:
-            raise ConfigError(f"min_tokens must be >= 1, got {self.min_tokens}")
-
-    def tier(self, score: float | None) -> Tier:
-        """The tier of a segment with this value score (``None``: unscored)."""
-        if score is None:
-            return Tier.STANDARD
-        if not 0.0 <= score <= 1.0 or math.isnan(score):
-            raise ConfigError(f"value scores must lie in [0, 1], got {score}")
-        if score >= self.pinned_threshold:
-            return Tier.PINNED
-        if score >= self.cache_threshold:
-            return Tier.EXTENDED
-        return Tier.NONE
-
-    def ttl(self, tier: Tier) -> float:
-        """Seconds an entry of ``tier`` lives after its last use (``inf`` when pinned)."""
-        if tier is Tier.PINNED:
-            return math.inf
-        if tier is Tier.EXTENDED:
-            return self.extended_ttl_s
-        if tier is Tier.STANDARD:
-            return self.session_ttl_s
-        raise ValueError("segments of tier NONE are not cached")
-
-
-@dataclass(slots=True, frozen=True)
-class SegmentHit:
-    """A cached segment as callers see it.
-
-    Token ``i`` of the segment sits in pool slot ``(offset + i)`` of the concatenated
-    ``block_ids`` (block ``block_ids[(offset + i) // block_size]``), with keys rotated for
-    position ``origin_start + i``.
-    """
-
-    key: SegmentKey
-    token_ids: tuple[int, ...]
-    block_ids: tuple[int, ...]
-    offset: int
-    origin_start: int
-    tier: Tier
-    shared: bool
-    score: float | None
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
 
 @dataclass(slots=True)

@@ -46,7 +46,7 @@ def test_num_deviating_never_exceeds_the_rest() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [{"first_k": -1}, {"first_k": 1.5}, {"ratio": 1.5}, {"ratio": -0.1}, {"check_layers": ()},
-     {"check_layers": (-1,)}],
+     {"check_layers": (-1,)}, {"full_layers": -1}, {"full_layers": True}],
 )
 def test_config_is_validated(kwargs: dict) -> None:
     with pytest.raises(ConfigError):
@@ -55,6 +55,16 @@ def test_config_is_validated(kwargs: dict) -> None:
 
 def test_check_layers_are_sorted_and_unique() -> None:
     assert BlendConfig(check_layers=(3, 1, 3)).check_layers == (1, 3)
+
+
+def test_fresh_depth_and_label() -> None:
+    assert BlendConfig(first_k=16).fresh_depth == 0 and BlendConfig(16).label() == "k16"
+    top = BlendConfig(first_k=16, ratio=0.3, check_layers=(1, 4))
+    assert top.fresh_depth == 5 and top.label() == "k16-r0.3@1,4"
+    deep = BlendConfig(first_k=0, ratio=0.15, full_layers=8)
+    assert deep.fresh_depth == 8 and deep.label() == "k0-r0.15@1-L8"
+    # the check layers count only when a check runs
+    assert BlendConfig(check_layers=(6,), full_layers=2).fresh_depth == 2
 
 
 def test_kv_deviation_ranks_the_perturbed_tokens() -> None:

@@ -166,3 +166,26 @@ def test_no_repetition_collapse_after_a_move(rig, enc, tokenizer) -> None:  # ty
     assert bad_out[:8] != ref_out[:8]
     for b in (src_bt, ref_bt, bt, bad_bt):
         rig.blocks.decref(b)
+
+
+def test_fresh_lower_layers_are_recomputed_and_all_fresh_is_exact(rig, enc) -> None:  # type: ignore[no-untyped-def]
+    """``full_layers``: reused tokens read cached K/V only above the fresh layers. The fresh
+    layers' K/V equal full recomputation's; with every layer fresh the logits do too."""
+    src_bt, slots, start = cached_segment(rig, enc, PREFIX_A)
+    pre = enc(PREFIX_B)
+    ids = pre + enc(DOC) + enc(QUESTION_2)
+    ref_bt, ref = full(rig, ids)
+    pool, layers = rig.runner.kv_pool, rig.runner.model.config.num_layers
+    bt, pl, _ = reuse(rig, ids, len(pre), slots, start, BlendConfig(first_k=4, full_layers=3))
+    assert pl.checked_layers == 3 and pl.recomputed == 4
+    reused = list(pl.reused_positions)
+    got_k = pool.k[:, rig.runner.slots(bt, reused)]
+    ref_k = pool.k[:, rig.runner.slots(ref_bt, reused)]
+    assert (got_k[:3] - ref_k[:3]).abs().max().item() < 1e-3  # fresh below
+    assert (got_k[3:] - ref_k[3:]).abs().max().item() > 1e-2  # cached (moved context) above
+    rig.blocks.decref(bt)
+    bt, pl, got = reuse(rig, ids, len(pre), slots, start, BlendConfig(0, full_layers=layers))
+    assert len(pl.reused_positions) > 0.9 * len(slots)
+    assert (got[-1] - ref[-1]).abs().max().item() < 1e-3
+    for b in (src_bt, ref_bt, bt):
+        rig.blocks.decref(b)

@@ -102,6 +102,26 @@ def test_exact_requests_never_reuse(engine, hook) -> None:  # type: ignore[no-un
     assert h.cache.stats().hits == 0
 
 
+def test_approximate_blocks_never_serve_an_exact_request(engine, hook) -> None:  # type: ignore[no-untyped-def]
+    """After a segment was reused at a new position, the blocks from the first reused token on
+    are cached under the session's approximate salt: an exact request of the same session stops
+    before them and gives what a cache-free run gives; a non-exact one walks into them."""
+    bs = engine.block_size
+    ask(engine, "s-approx", 0)
+    ids, (seg,) = prompt(engine, 1)
+    moved = ask(engine, "s-approx", 1)
+    assert moved.reused_segment_tokens > 0
+    exact = ask(engine, "s-approx", 1, exact=True)
+    # exactness ends at the first reused token, at most first k + top r into the segment
+    limit = seg.start + BLEND.first_k + BLEND.num_deviating(len(seg))
+    assert exact.cached_tokens % bs == 0 and exact.cached_tokens <= limit
+    assert exact.reused_segment_tokens == 0
+    cold = ask(engine, "s-approx-cold", 1, exact=True)
+    assert cold.cached_tokens == 0 and exact.token_ids == cold.token_ids
+    again = ask(engine, "s-approx", 1)
+    assert again.cached_tokens == (len(ids) - 1) // bs * bs > limit
+
+
 def test_sessions_are_isolated_unless_shared(engine, hook) -> None:  # type: ignore[no-untyped-def]
     ask(engine, "alice", 0)
     assert ask(engine, "bob", 1).reused_segment_tokens == 0

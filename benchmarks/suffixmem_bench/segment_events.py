@@ -1,0 +1,218 @@
+"""Real reuse events of the ``overflow`` and ``rag`` workloads, for ``bench segments``.
+
+An event is a turn whose prompt holds KV the session computed the turn before at other
+positions: the kept turns after the stable layout dropped old ones (``overflow``), the history
+and the passages retrieved again after the system prompt changed (``rag``). The workload's
+sessions are replayed through the torch engine (exact, greedy, replies of the workload's
+``max_tokens``, so the history is the model's own), each prompt built the way the chat harness
+builds it:
+
+- ``overflow``: the manager's ``CacheStableLayout`` (evict to half) within
+  ``max_model_len - max_tokens`` of the pinned 2,048-token window;
+- ``rag``: ``[system prompt with this turn's passages][history][question]``, the
+  ``CondensePlusContextChatEngine`` layout of ``workloads/rag.py``.
+
+At each turn after the first, the runs that context shift finds (``find_runs`` against the
+previous sequence, prompt plus reply, as far as its whole blocks go, from the prefix cache's
+whole-block hit on, at least ``min_run`` tokens, never the last prompt token) become the
+event's segments, as a ``ScenarioPrompt`` whose one fill is the
+previous sequence. ``overflow`` keeps only the turns where the layout evicted (the others are
+prefix-cache hits with nothing to shift). Events are what the engine's hook would place; their
+quality is measured like the scenarios' (``segment_scenarios.methods_quality``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from suffixmem_bench.segment_scenarios import ScenarioPrompt
+
+EVENT_WORKLOADS: tuple[str, ...] = ("overflow", "rag")
+BLOCK = 16  # the torch engine's block size: a prefix-cache hit covers whole blocks
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shift_event(previous: Sequence[int], ids: Sequence[int], min_run: int = 32
+                ) -> ScenarioPrompt | None:
+    """The event of prompt ``ids`` after the session's ``previous`` sequence, or ``None`` when
+    context shift would find nothing past the prefix-cache hit."""
+    from suffixmem.engine.reuse.context_shift import ShiftRun, find_runs
+
+    start = min(_common(previous, ids), len(ids) - 1) // BLOCK * BLOCK
+    # the previous sequence's KV lies in whole cached blocks (its last token was never fed)
+    cached = previous[:(len(previous) - 1) // BLOCK * BLOCK]
+    runs = []
+    for r in find_runs(cached, ids, start, min_run):
+        if r.new_end >= len(ids):  # the last prompt token is always computed
+            r = ShiftRun(r.new_start, r.old_start, len(ids) - 1 - r.new_start)
+        if r.length >= min_run:
+            runs.append(r)
+    if not runs:
+        return None
+    return ScenarioPrompt(
+        list(ids), tuple((r.new_start, r.new_end) for r in runs),
+        ((list(previous), tuple((r.old_start, r.old_start + r.length) for r in runs)),),
+        tuple((0, r.old_start) for r in runs))
+
+
+def _reply(engine: Any, key: str, ids: Sequence[int], max_tokens: int
+           ) -> tuple[list[int], str]:
+    """The greedy reply's ids (without the end of turn) and text, exact mode."""
+    from suffixmem.engine.protocol import Request, SamplingParams
+
+    r = engine.generate(Request(key, token_ids=list(ids),
+                                sampling=SamplingParams(max_tokens=max_tokens)))
+    return list(r.token_ids), r.text or " "
+
+
+def overflow_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
+                    turns: int | None = None, max_model_len: int | None = None,
+                    tag: str = "ev") -> list[ScenarioPrompt]:
+    """The eviction turns of the first ``sessions`` sessions of ``overflow`` (module docs)."""
+    from suffixmem.conversation.layout import CacheStableLayout
+    from suffixmem.engine.protocol import Message
+    from suffixmem_bench.workloads import overflow
+
+    sizes = {"sessions": sessions, **({"turns": turns} if turns else {})}
+    w = overflow.build(count, **sizes)
+    window = max_model_len or overflow.ENGINE_OPTIONS["max_model_len"]
+    budget = window - w.max_tokens
+    layout = CacheStableLayout()
+    events: list[ScenarioPrompt] = []
+    for s, users in enumerate(w.sessions):
+        history: list[Message] = []
+        start = 0
+        previous: list[int] | None = None
+        for user in users:
+            p = layout.build(engine, w.system_prompt, history, user, (), start, budget)
+            start = p.window_start
+            ids = list(p.token_ids)
+            if p.evicted_turns and previous is not None:
+                event = shift_event(previous, ids)
+                if event is not None:
+                    events.append(event)
+            reply, text = _reply(engine, f"{tag}-overflow-{s}", ids, w.max_tokens)
+            previous = ids + reply
+            # the manager stores the generated ids and renders the next prompt from them
+            keep = tuple(reply) if reply and engine.detokenize(reply) == text else None
+            history += [Message("user", user), Message("assistant", text, token_ids=keep)]
+    return events
+
+
+def rag_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
+               turns: int | None = None, tag: str = "ev") -> list[ScenarioPrompt]:
+    """Every turn after the first of the first ``sessions`` sessions of ``rag`` (module docs)."""
+    from suffixmem.engine.protocol import Message
+    from suffixmem_bench.workloads import rag
+
+    sizes = {"sessions": sessions, **({"turns": turns} if turns else {})}
+    w = rag.build(count, **sizes)
+    events: list[ScenarioPrompt] = []
+    for s, users in enumerate(w.sessions):
+        history: list[Message] = []
+        previous: list[int] | None = None
+        for t, user in enumerate(users):
+            msgs = [Message("system", w.turn_systems[s][t]), *history, Message("user", user)]
+            ids = engine.render(msgs)
+            if previous is not None:
+                event = shift_event(previous, ids)
+                if event is not None:
+                    events.append(event)
+            reply, text = _reply(engine, f"{tag}-rag-{s}", ids, w.max_tokens)
+            previous = ids + reply
+            # the framework resends the history as text, re-tokenized every turn
+            history += [Message("user", user), Message("assistant", text)]
+    return events
+
+
+def build_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
+                 turns: dict[str, int] | None = None) -> dict[str, list[ScenarioPrompt]]:
+    """``{"overflow": [...], "rag": [...]}`` (see the module docstring)."""
+    turns = turns or {}
+    return {"overflow": overflow_events(engine, count, sessions, turns.get("overflow")),
+            "rag": rag_events(engine, count, sessions, turns.get("rag"))}
+
+
+def event_summary(events: Sequence[ScenarioPrompt]) -> dict[str, float]:
+    """How many events, their mean prompt length and the share of it the runs cover."""
+    if not events:
+        return {"events": 0, "prompt_tokens_mean": 0.0, "shifted_share": 0.0}
+    return {
+        "events": len(events),
+        "prompt_tokens_mean": sum(len(e.ids) for e in events) / len(events),
+        "shifted_share": sum(sum(b - a for a, b in e.spans) / len(e.ids) for e in events)
+        / len(events),
+    }
+
+
+WORKLOAD_CLASSES: dict[str, str] = {
+    "documents": "documents cached on their own and reused behind other context (a RAG chunk "
+                 "cache, marked passages): the independent construction",
+    "overflow": "kept turns after the stable layout dropped old ones (context shift)",
+    "rag": "passages and history after the system prompt changed (CondensePlusContext)",
+}
+
+
+def workload_defaults(independent: dict[str, float] | None, method: str | None,
+                      events: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per workload class, whether segment reuse is on by default (exactly when its gate
+    passes there, with the method chosen there) and why, from the measurements:
+    ``independent`` is the independent construction's row through the engine with ``method``;
+    ``events`` is ``measure_events``' result."""
+    from suffixmem_bench.segment_scenarios import GATE, gate_passed
+
+    def verdict(row: dict[str, float] | None, method: str | None) -> dict[str, Any]:
+        if not row:
+            return {"segment_reuse": False, "method": None,
+                    "why": "not measured: exact mode stays the default"}
+        ok = gate_passed(row)
+        misses = [name for name, bad in (
+            ("top-1", row["top1_agreement"] < GATE["top1_min"]),
+            ("KL", row["mean_kl"] > GATE["kl_max"]),
+            ("free-running", row["free_running_agreement"] < GATE["free_min"]),
+            ("task", row["task_agreement"] < GATE["task_min"])) if bad]
+        why = ("gate passed" if ok else "gate missed on " + ", ".join(misses)
+               + ": exact mode stays the default")
+        return {"segment_reuse": ok, "method": method, "why": why,
+                **{k: row[k] for k in ("mean_kl", "top1_agreement", "free_running_agreement",
+                                       "task_agreement")}}
+
+    out = {"documents": verdict(independent, method)}
+    for name in EVENT_WORKLOADS:
+        ev = events.get(name) or {}
+        chosen = ev.get("chosen")
+        out[name] = verdict(ev.get("methods", {}).get(chosen) if chosen else None, chosen)
+    return out
+
+
+def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods: Sequence[Any],
+                   continuation: int = 48, sessions: int = 2,
+                   turns: dict[str, int] | None = None,
+                   decode: Callable[[list[int]], str] | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Per event workload: the events' summary, every method's quality on them
+    (``methods_quality``, bf16 primitives), the method ``choose_method`` picks and whether it
+    passes the gate. Workloads without an event report ``events: 0`` and no method."""
+    from suffixmem_bench.segment_scenarios import choose_method, methods_quality
+
+    say = progress or (lambda _m: None)
+    out: dict[str, dict[str, Any]] = {}
+    for name, evs in build_events(engine, count, sessions, turns).items():
+        summary = event_summary(evs)
+        if not evs:
+            out[name] = {**summary, "methods": {}, "chosen": None, "passed": False}
+            continue
+        say(f"{name}: {len(evs)} reuse events x {len(methods)} methods")
+        rows = methods_quality(llama, evs, methods, continuation, decode)
+        chosen, passed = choose_method(rows)
+        out[name] = {**summary, "methods": rows, "chosen": chosen, "passed": passed}
+    return out
