@@ -1,20 +1,27 @@
 """One turn, whatever the entry point (``chat``, ``complete``, stateless): plan, generate, commit.
 
 1. **Plan** (before the engine starts; bad input raises here and nothing is stored): the turn's
-   state comes from one read transaction (``Store.turn_state``); the topic verdict (cached per
-   session, so one ``observe_user`` per turn) decides the semantic temperature *before*
-   generation; the layout builds the prompt token ids and ``Segment`` marks.
-2. **Run**: under the session's lock (held only while the turn runs; see ``locks``) the engine
-   streams; a jump first releases the session's cached segments.
-3. **Commit**: only a completed generation (``stop`` / ``length``) is stored, in one
+   state comes from one read-only transaction (``Store.turn_state``); the layout builds the
+   prompt token ids and ``Segment`` marks; the sampling values are checked.
+2. **Topic** (under the session's lock, see ``locks``): the topic verdict (cached per session,
+   so one ``observe_user`` per turn) decides the session's semantic temperature. When the
+   caller did not fix ``temperature`` the verdict must precede sampling, so it runs before the
+   engine starts (a jump then first releases the session's cached segments). When the caller
+   fixed it, nothing of the prompt or the sampling depends on the verdict: it runs in the
+   background while the engine generates and is collected before the commit.
+3. **Run**: the engine streams (the lock is held only while the turn runs).
+4. **Commit**: only a completed generation (``stop`` / ``length``) is stored, in one
    transaction (messages, statistics, session state; the session row itself for a new session;
    the replaced history for a rewritten one). Failure, early close or a refused commit store
-   nothing. Segment bookkeeping runs afterwards on a background worker, fed with the engine's
-   real hits (``Result.reused_segments`` and the prefix-cache hit), never on the path to the
-   first token or to the ``TurnResult``.
+   nothing. Bookkeeping runs afterwards in the background (``background``), while the next
+   turn's engine works: the segment log, fed with the engine's real hits
+   (``Result.reused_segments`` and the prefix-cache hit), and the topic detector's update
+   with the reply (the session's next verdict runs it first if it has not run yet).
 
 ``TurnResult.manager_overhead_ms`` is the time spent outside the engine: from the call to the
-engine stream's start, plus from the engine's ``Result`` to the ``TurnResult``.
+engine stream's start (``Engine.stream`` checks and queues the request for the driver's next
+step), plus from the engine's ``Result`` to the ``TurnResult``. Time a streaming caller spends
+between events is not counted.
 """
 
 from __future__ import annotations
@@ -104,14 +111,21 @@ class TurnSpec:
     started: float = field(default_factory=time.perf_counter)
 
 
+PENDING = TopicVerdict(False, None, reason="pending")
+"""``Plan.verdict`` until the topic step decided it."""
+
+
 @dataclass(slots=True)
 class Plan:
-    """Everything decided before generation (nothing stored yet)."""
+    """Everything decided for a turn (nothing stored yet). ``verdict``, ``temperature`` (the
+    session's new semantic temperature) and, unless the caller fixed it, the sampling
+    temperature are set by the topic step (``PENDING`` and the session's temperature until
+    then)."""
 
     spec: TurnSpec
     prompt: Prompt
     verdict: TopicVerdict
-    temperature: float  # the session's new semantic temperature
+    temperature: float
     sampling: SamplingParams
 
 
