@@ -92,10 +92,12 @@ def _child(engine_name: str, sessions: int, turns: int, max_tokens: int) -> None
         for th in threads:
             th.join()
         wall = time.perf_counter() - t0
-        overhead.sort()
+        from suffixmem_bench.chat.metrics import percentile
+
         print(json.dumps({"wall_s": wall, "turns": len(overhead),
-                          "manager_overhead_ms_p50": overhead[len(overhead) // 2],
-                          "manager_overhead_ms_max": overhead[-1]}), flush=True)
+                          "manager_overhead_ms_p50": percentile(overhead, 50),
+                          "manager_overhead_ms_p99": percentile(overhead, 99),
+                          "manager_overhead_ms_max": max(overhead)}), flush=True)
         sys.stdin.readline()  # the parent stops py-spy first: shutdown is not sampled
         mgr.close()
     engine.close()
@@ -146,7 +148,8 @@ def to_markdown(run: dict[str, Any]) -> str:
     """One profile as a markdown section (top functions by self and by inclusive share)."""
     head = (f"### {run['engine']}, {run['sessions']} session(s) x {run['turns_per_session']} "
             f"turns\n\n{run['turns']} turns in {run['wall_s']:.1f} s, {run['samples']} "
-            f"samples; manager overhead p50 {run['manager_overhead_ms_p50']:.2f} ms, max "
+            f"samples; manager overhead p50 {run['manager_overhead_ms_p50']:.2f} ms, p99 "
+            f"{run.get('manager_overhead_ms_p99', float('nan')):.2f} ms, max "
             f"{run['manager_overhead_ms_max']:.2f} ms.\n\n| self | function | | inclusive | "
             "function |\n|---:|---|---|---:|---|\n")
     rows = []
