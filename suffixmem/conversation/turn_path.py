@@ -27,6 +27,7 @@ from suffixmem.conversation.turns import (
     TurnResult,
     TurnSpec,
     no_lock,
+    stored_counts,
     stream_turn,
     turn_event,
     turn_messages,
@@ -111,6 +112,9 @@ class TurnPath:
                 self._decide(plan, topic.run())
                 if plan.verdict.jump and sid is not None:
                     self._release_engine(sid)
+            # the stored messages' token counts are needed only by the commit
+            counting = self._background.submit(
+                lambda: stored_counts(plan.spec, self.counter.count), "token counts")
             engine_start = time.perf_counter()
             result: Result | None = None
             kicked = False
@@ -126,7 +130,8 @@ class TurnPath:
             done = time.perf_counter()
             if alongside:
                 self._decide(plan, topic.run())  # usually finished during generation
-            messages, text = turn_messages(plan, result, self.engine, self.counter.count)
+            messages, text = turn_messages(plan, result, self.engine, self.counter.count,
+                                           counting.run())
             if sid is not None:
                 self.store.commit_turn(
                     sid, messages, turn_event(plan, result), temperature=plan.temperature,

@@ -9,7 +9,9 @@
    engine starts (a jump then first releases the session's cached segments). When the caller
    fixed it, nothing of the prompt or the sampling depends on the verdict: it runs in the
    background while the engine generates and is collected before the commit.
-3. **Run**: the engine streams (the lock is held only while the turn runs).
+3. **Run**: the engine streams (the lock is held only while the turn runs). The token counts
+   of the messages to store are computed in the background meanwhile (only the commit needs
+   them).
 4. **Commit**: only a completed generation (``stop`` / ``length``) is stored, in one
    transaction (messages, statistics, session state; the session row itself for a new session;
    the replaced history for a rewritten one). Failure, early close or a refused commit store
@@ -169,9 +171,16 @@ def stream_turn(engine: Any, plan: Plan, exact: bool) -> Iterator[TokenEvent | R
             f"generation ended with {result.finish_reason!r}; the turn was not stored")
 
 
-def turn_messages(plan: Plan, result: Result, engine: Any,
-                  count: Any) -> tuple[list[NewMessage], str]:
-    """The messages to commit (``to_store`` and the reply) and the reply text as stored."""
+def stored_counts(spec: TurnSpec, count: Any) -> list[int]:
+    """Token counts of ``spec.to_store`` (for the commit: computed while the engine works)."""
+    return [len(m.token_ids) if m.token_ids is not None else count(m.content)
+            for m in spec.to_store]
+
+
+def turn_messages(plan: Plan, result: Result, engine: Any, count: Any,
+                  counts: Sequence[int] | None = None) -> tuple[list[NewMessage], str]:
+    """The messages to commit (``to_store`` with ``counts``, else counted now, and the reply)
+    and the reply text as stored."""
     ids = tuple(result.token_ids)
     # NUL cannot be stored in PostgreSQL text; a model may still emit one: keep the text
     # storable (U+FFFD) and drop the ids, which then no longer match the text
@@ -179,11 +188,10 @@ def turn_messages(plan: Plan, result: Result, engine: Any,
     # keep the generated ids only when they are exactly the reply's text (a stop string may
     # have cut the text short of the ids); otherwise the reply is re-tokenized later
     keep = ids if ids and text == result.text and engine.detokenize(ids) == text else None
-    out = [
-        NewMessage(m.role, m.content, m.token_ids,
-                   len(m.token_ids) if m.token_ids is not None else count(m.content))
-        for m in plan.spec.to_store
-    ]
+    if counts is None:
+        counts = stored_counts(plan.spec, count)
+    out = [NewMessage(m.role, m.content, m.token_ids, n)
+           for m, n in zip(plan.spec.to_store, counts, strict=True)]
     out.append(NewMessage("assistant", text, keep, len(keep) if keep is not None
                           else count(text)))
     return out, text
