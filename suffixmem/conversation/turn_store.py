@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from suffixmem.conversation.history_cache import CachedHistory, HistoryCache
@@ -26,6 +26,9 @@ from suffixmem.conversation.records import (
 from suffixmem.conversation.schema import MessageRow, SessionRow, TurnEventRow, utcnow
 from suffixmem.conversation.validation import check_session_id
 from suffixmem.errors import UnknownSessionError
+
+SESSIONS = SessionRow.__table__
+MESSAGES = MessageRow.__table__
 
 
 class TurnQueries:
@@ -48,8 +51,8 @@ class TurnQueries:
 
     @staticmethod
     def _messages(s: Session, sid: str, since: int = 0) -> list[StoredMessage]:
-        # plain rows, not ORM entities: this runs on every turn, over the whole history
-        rows = s.execute(
+        # plain rows, not ORM entities: this runs on every turn
+        rows = s.connection().execute(
             select(MessageRow.position, MessageRow.role, MessageRow.content,
                    MessageRow.token_ids, MessageRow.token_count, MessageRow.created_at)
             .where(MessageRow.session_id == sid, MessageRow.position >= since)
@@ -70,7 +73,9 @@ class TurnQueries:
         sid = check_session_id(session_id)
         cache = self.history_cache
         with self._tx(read=True) as s:
-            row = s.get(SessionRow, sid)
+            # a plain row with every column: ``_record`` reads it like an ORM row
+            row = s.connection().execute(
+                select(SESSIONS).where(SESSIONS.c.id == sid)).first()
             if row is None:
                 cache.drop(sid)
                 return None
@@ -90,7 +95,7 @@ class TurnQueries:
                 msgs = tuple(self._messages(s, sid))
                 cache.full += 1
             cache.put(sid, CachedHistory(stamp, msgs))
-            return self._record(s, row, len(msgs)), list(msgs)
+            return self._record(s, row, len(msgs)), list(msgs)  # type: ignore[arg-type]
 
     def _lock_session(self, s: Session, sid: str) -> SessionRow:
         row = s.execute(
@@ -103,9 +108,10 @@ class TurnQueries:
     def _append(self, s: Session, sid: str, messages: Sequence[NewMessage]
                 ) -> tuple[StoredMessage, ...]:
         """Insert ``messages`` after the session's last one; returns them as stored."""
-        last = s.scalar(
+        conn = s.connection()
+        last = conn.execute(
             select(func.max(MessageRow.position)).where(MessageRow.session_id == sid)
-        )
+        ).scalar()
         first = 0 if last is None else int(last) + 1
         now = utcnow()
         stored = tuple(
@@ -116,7 +122,7 @@ class TurnQueries:
         )
         if stored:
             # one executemany, no ORM unit of work: this is on every turn's commit
-            s.execute(insert(MessageRow), [
+            conn.execute(insert(MESSAGES), [
                 {"session_id": sid, "position": m.position, "role": m.role,
                  "content": m.content,
                  "token_ids": json.dumps(list(m.token_ids)) if m.token_ids is not None else None,
@@ -138,32 +144,37 @@ class TurnQueries:
         sid = check_session_id(session_id)
 
         def run(s: Session) -> tuple[StoredMessage, ...]:
-            if create is not None and s.get(SessionRow, sid) is None:
-                now = utcnow()
-                s.add(SessionRow(
+            # plain statements on the transaction's connection: no ORM unit of work on the
+            # path from the last token to the caller
+            conn = s.connection()
+            now = utcnow()
+            if create is not None and conn.execute(
+                    select(SESSIONS.c.id).where(SESSIONS.c.id == sid)).first() is None:
+                conn.execute(insert(SESSIONS).values(
                     id=sid, title=create.title, model=create.model,
                     system_prompt=create.system_prompt, temperature=temperature,
-                    state="active", window_start=0, created_at=now, updated_at=now,
-                ))
-                s.flush()
-            row = self._lock_session(s, sid)
+                    state="active", window_start=0, created_at=now, updated_at=now))
+            # the session's row lock (PostgreSQL) serialises its writers; SQLite's
+            # BEGIN IMMEDIATE already did
+            if conn.execute(select(SESSIONS.c.id).where(SESSIONS.c.id == sid)
+                            .with_for_update()).first() is None:
+                raise UnknownSessionError(sid)
+            values: dict[str, Any] = {"temperature": temperature, "window_start": window_start,
+                                      "updated_at": now}
             if replace_history:
-                s.execute(delete(MessageRow).where(MessageRow.session_id == sid))
-                s.flush()
+                conn.execute(delete(MESSAGES).where(MESSAGES.c.session_id == sid))
                 if create is not None:
-                    row.system_prompt = create.system_prompt
+                    values["system_prompt"] = create.system_prompt
             stored = self._append(s, sid, messages)
-            row.temperature = temperature
-            row.window_start = window_start
-            row.updated_at = utcnow()
-            s.execute(insert(TurnEventRow), [dict(
+            conn.execute(update(SESSIONS).where(SESSIONS.c.id == sid).values(**values))
+            conn.execute(insert(TurnEventRow.__table__).values(
                 session_id=sid, request_id=turn.request_id, prompt_tokens=turn.prompt_tokens,
                 cached_tokens=turn.cached_tokens, output_tokens=turn.output_tokens,
                 ttft_s=turn.ttft_s, latency_s=turn.latency_s, topic_jump=turn.topic_jump,
                 similarity=turn.similarity, temperature=turn.temperature,
                 evicted_turns=turn.evicted_turns, finish_reason=turn.finish_reason,
-                created_at=utcnow(),
-            )])
+                created_at=now,
+            ))
             return stored
 
         stored: tuple[StoredMessage, ...] = self._retrying(run)
