@@ -22,11 +22,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from suffixmem.config import DEFAULT_MODEL, ENGINES, database_url, mask_url, suffixmem_home
+from suffixmem.cli_checks import _check_database, _check_engine, _preflight, check_text
+from suffixmem.config import DEFAULT_MODEL, suffixmem_home
 from suffixmem.errors import (
     ConfigError,
     InvalidRequestError,
-    StoreError,
     SuffixmemError,
     UnknownSessionError,
 )
@@ -56,75 +56,6 @@ BENCH_GROUP = "suffixmem.bench"  # entry points: NAME = "module:register", regis
 
 UPSTREAM = typer.Option(
     None, "--upstream", help="vLLM server URL for --engine remote (repeat for replicas).")
-
-
-def _check_engine(name: str) -> None:
-    if name not in ENGINES:
-        raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
-
-
-def check_text(text: str, field: str) -> str:
-    """``text`` unchanged if it is valid Unicode without NUL; else ``InvalidRequestError``
-    naming ``field``. Undecodable bytes in argv or stdin arrive as lone surrogates
-    (surrogateescape), which nothing downstream can encode."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidRequestError(
-            f"{field} is not valid UTF-8 text (undecodable byte at character {e.start})"
-        ) from None
-    if "\x00" in text:
-        raise InvalidRequestError(f"{field} contains a NUL character")
-    return text
-
-
-def _check_database(url: str | None) -> str:
-    """The database URL, parsed and opened once, before any engine starts: a typo costs a
-    second, not an engine start-up. Messages show the URL with its password masked."""
-    from sqlalchemy import create_engine
-
-    url = database_url(url)
-    try:
-        eng = create_engine(url)
-        try:
-            with eng.connect():
-                pass
-        finally:
-            eng.dispose()
-    except Exception as e:
-        reason = str(getattr(e, "orig", None) or e).strip().splitlines()
-        detail = reason[0] if reason else type(e).__name__
-        from sqlalchemy.engine import make_url
-
-        password = make_url(url).password
-        if password:
-            detail = detail.replace(str(password), "***")
-        raise StoreError(f"cannot open the database {mask_url(url)}: {detail}") from None
-    return url
-
-
-def _sampling(max_tokens: int, temperature: float | None) -> dict[str, Any]:
-    """Sampling options for the manager, validated before paying for an engine start; without
-    a temperature the session's semantic temperature applies."""
-    from suffixmem.engine.protocol import SamplingParams
-
-    sampling: dict[str, Any] = {"max_tokens": max_tokens}
-    if temperature is not None:
-        sampling["temperature"] = temperature
-    SamplingParams(**sampling)
-    return sampling
-
-
-def _preflight(engine: str, max_tokens: int, temperature: float | None,
-               database: str | None, session: str | None) -> tuple[dict[str, Any], str]:
-    """Every check that needs no engine, in order: engine name, sampling values, session id
-    text, SUFFIXMEM_HOME, database URL (parsed and opened). Returns (sampling, database URL)."""
-    _check_engine(engine)
-    sampling = _sampling(max_tokens, temperature)
-    if session is not None:
-        check_text(session, "--session")
-    suffixmem_home()
-    return sampling, _check_database(database)
 
 
 def _make_manager(engine_name: str, model: str, database: str, max_model_len: int,

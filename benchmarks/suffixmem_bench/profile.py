@@ -7,8 +7,11 @@ turns; then py-spy attaches to it (``py-spy record --pid``, all threads) while i
 once; py-spy stops before the engine shuts down. The collapsed stacks are folded into the top
 functions by *self* samples (where the CPU was) and by *inclusive* samples (what a call cost
 with its callees), each as a share of all samples, for the whole process and for the callers'
-threads alone (the manager's work around the engine, ``callers``), and printed or written as
-JSON. Start-up, warm-up and shutdown are not sampled.
+threads alone (the manager's work around the engine, ``callers``) and for the manager's
+background thread (``background``: bookkeeping and verdicts run beside generation), and printed
+or written as JSON. Start-up, warm-up and shutdown are not sampled. Turns are greedy with
+``temperature=0`` given, as ``bench chat`` runs them (so the topic verdict runs beside
+generation; see ``suffixmem.conversation.turns``).
 
 Needs ``py-spy`` (``pip install py-spy``) and permission to ptrace one's own children.
 """
@@ -35,6 +38,7 @@ QUESTIONS = (
     "What is a prime number?", "How far away is the sun?", "What do bees eat?",
 )
 CALLER_FRAME = "_child.<locals>.run"
+BACKGROUND_FRAME = "Background._loop"  # the manager's bookkeeping thread (off the callers' path)
 SYSTEM = "You are a helpful assistant. Answer briefly and clearly, in plain English."
 
 
@@ -92,10 +96,12 @@ def _child(engine_name: str, sessions: int, turns: int, max_tokens: int) -> None
         for th in threads:
             th.join()
         wall = time.perf_counter() - t0
-        overhead.sort()
+        from suffixmem_bench.chat.metrics import percentile
+
         print(json.dumps({"wall_s": wall, "turns": len(overhead),
-                          "manager_overhead_ms_p50": overhead[len(overhead) // 2],
-                          "manager_overhead_ms_max": overhead[-1]}), flush=True)
+                          "manager_overhead_ms_p50": percentile(overhead, 50),
+                          "manager_overhead_ms_p99": percentile(overhead, 99),
+                          "manager_overhead_ms_max": max(overhead)}), flush=True)
         sys.stdin.readline()  # the parent stops py-spy first: shutdown is not sampled
         mgr.close()
     engine.close()
@@ -138,15 +144,18 @@ def profile_turns(engine: str = "torch", sessions: int = 1, turns: int = 6,
         raw = out.read_text()
     # the callers' threads: what the manager does around the engine (the driver excluded)
     callers = fold(raw, top, focus=CALLER_FRAME)
+    background = fold(raw, top, focus=BACKGROUND_FRAME)
     return {"engine": engine, "sessions": sessions, "turns_per_session": turns,
-            "max_tokens": max_tokens, **summary, **fold(raw, top), "callers": callers}
+            "max_tokens": max_tokens, **summary, **fold(raw, top), "callers": callers,
+            "background": background}
 
 
 def to_markdown(run: dict[str, Any]) -> str:
     """One profile as a markdown section (top functions by self and by inclusive share)."""
     head = (f"### {run['engine']}, {run['sessions']} session(s) x {run['turns_per_session']} "
             f"turns\n\n{run['turns']} turns in {run['wall_s']:.1f} s, {run['samples']} "
-            f"samples; manager overhead p50 {run['manager_overhead_ms_p50']:.2f} ms, max "
+            f"samples; manager overhead p50 {run['manager_overhead_ms_p50']:.2f} ms, p99 "
+            f"{run.get('manager_overhead_ms_p99', float('nan')):.2f} ms, max "
             f"{run['manager_overhead_ms_max']:.2f} ms.\n\n| self | function | | inclusive | "
             "function |\n|---:|---|---|---:|---|\n")
     rows = []
@@ -160,6 +169,12 @@ def to_markdown(run: dict[str, Any]) -> str:
     for a, b in zip(c["self"], c["inclusive"], strict=False):
         rows.append(f"| {a['share']:.1%} | `{a['function']}` | | {b['share']:.1%} | "
                     f"`{b['function']}` |")
+    g = run.get("background")
+    if g and g["samples"]:
+        rows.append(f"\nThe manager's background thread (bookkeeping, verdicts beside generation; "
+                    f"{g['samples']} samples, {g['samples'] / max(1, run['samples']):.0%} of all), "
+                    "top 5 by self:\n\n| self | function |\n|---:|---|")
+        rows += [f"| {a['share']:.1%} | `{a['function']}` |" for a in g["self"][:5]]
     return head + "\n".join(rows) + "\n"
 
 

@@ -2,9 +2,25 @@
 Alembic migrations shipped inside the package (``suffixmem/migrations``).
 
 Contract: ``make_engine(url)`` gives a SQLAlchemy engine with the settings the store relies on;
-``upgrade``/``downgrade``/``current_revision`` run the migrations programmatically (the folder is
-found from the installed package, never from the working directory). Every error message shows
-the URL with its password masked (``suffixmem.config.mask_url``).
+``read_engine(engine)`` the same engine for read-only transactions; ``upgrade``/``downgrade``/
+``current_revision`` run the migrations programmatically (the folder is found from the installed
+package, never from the working directory). Every error message shows the URL with its password
+masked (``suffixmem.config.mask_url``).
+
+**SQLite transactions.** A transaction that writes starts with ``BEGIN IMMEDIATE``: it takes the
+database's single write lock up front, so concurrent writers queue (``busy_timeout``) instead of
+failing on a lock upgrade. A read-only transaction (``read_engine``) starts with a plain deferred
+``BEGIN``: under WAL it reads a consistent snapshot and never waits for a writer, so one
+session's commit does not hold up another session's turn.
+
+**SQLite durability** (``?synchronous=`` in the URL, default ``normal``). File databases run in
+WAL mode with ``PRAGMA synchronous=NORMAL``: a commit is appended to the WAL without an fsync
+(the WAL is synced at checkpoints). SQLite documents this as safe from corruption, and a crash
+of the *process* loses nothing; a power loss or OS crash may lose the last commits (turns) before
+the next checkpoint. ``?synchronous=full`` fsyncs every commit (a turn is durable when ``chat``
+returns, at about one fsync per turn); ``off`` and ``extra`` are SQLite's other levels. The
+parameter is ours: it is removed from the URL before the driver sees it. PostgreSQL's
+equivalent is the server's ``synchronous_commit`` setting.
 """
 
 from __future__ import annotations
@@ -50,11 +66,17 @@ def mask(text: str, url: str) -> str:
     return line.replace(str(password), "***") if password else line
 
 
+SYNCHRONOUS = ("off", "normal", "full", "extra")
+"""SQLite's ``PRAGMA synchronous`` levels accepted as ``?synchronous=`` (module docstring)."""
+_READ_OPTION = "suffixmem_read_only"
+
+
 def make_engine(url: str) -> Engine:
     """A SQLAlchemy engine for ``url`` with the settings the store relies on.
 
-    SQLite: foreign keys on, WAL journal, a 30 s busy timeout, and ``BEGIN IMMEDIATE`` for every
-    transaction so that concurrent writers queue up instead of failing on lock upgrades.
+    SQLite: foreign keys on, WAL journal with ``synchronous`` from the URL (default
+    ``normal``), a 30 s busy timeout, ``BEGIN IMMEDIATE`` for transactions that may write and a
+    deferred ``BEGIN`` for those of ``read_engine`` (module docstring).
     """
     try:
         parsed = make_url(url)
@@ -63,7 +85,17 @@ def make_engine(url: str) -> Engine:
         raise StoreError(f"invalid database URL ({type(e).__name__})") from None
     backend = parsed.get_backend_name()
     kwargs: dict[str, Any] = {}
+    synchronous = "normal"
     if backend == "sqlite":
+        given = parsed.query.get("synchronous")
+        if given is not None:
+            synchronous = str(given if isinstance(given, str) else given[-1]).lower()
+            if synchronous not in SYNCHRONOUS:
+                raise StoreError(
+                    f"database URL {mask_url(url)}: synchronous must be one of "
+                    f"{', '.join(SYNCHRONOUS)}, got {given!r}")
+            parsed = parsed.difference_update_query(["synchronous"])
+            url = parsed.render_as_string(hide_password=False)
         memory = parsed.database in (None, "", ":memory:")
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         if memory:
@@ -86,13 +118,24 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             if parsed.database not in (None, "", ":memory:"):
                 cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute(f"PRAGMA synchronous={synchronous.upper()}")
             cur.close()
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # readers take no lock up front (WAL snapshot); writers take the write lock at once
+            read_only = conn.get_execution_options().get(_READ_OPTION, False)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def read_engine(engine: Engine) -> Engine:
+    """``engine`` (same pool, same events) for transactions that only read: on SQLite they
+    begin deferred, so they never queue behind a writer (module docstring). A transaction of
+    this engine must not write: on SQLite a write in it may fail with ``database is locked``
+    instead of waiting."""
+    return engine.execution_options(**{_READ_OPTION: True})
 
 
 def upgrade(url_or_engine: str | Engine, revision: str = "head") -> None:
@@ -136,8 +179,6 @@ def _migrate(url_or_engine: str | Engine, direction: str, revision: str) -> None
     finally:
         if isinstance(url_or_engine, str):
             engine.dispose()
-
-
 
 
 def reason(e: SQLAlchemyError) -> str:

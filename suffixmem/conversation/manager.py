@@ -10,12 +10,14 @@ Entry points (all end in the same turn path, ``turns``):
 - ``stream_text`` / ``complete_text``: raw text completion, stateless, nothing stored.
 
 A turn: validate (one line per bad field, before anything else), read the session and history
-in one transaction, decide topic and temperature, lay out the prompt, stream from the engine
-under the session's lock, then commit the messages, statistics and session state in **one**
-transaction. If the engine raises, the stream is closed early or the commit fails, nothing of
-the turn is stored (the caller still has the message and may send it again). With
-``create=True`` (and for a new session in ``complete``) the session row is created in that same
-commit, so a failed first turn leaves no session.
+in one read-only transaction, lay out the prompt, decide topic and temperature (before the
+engine only when the sampling temperature depends on it), stream from the engine under the
+session's lock, then commit the messages, statistics and session state in **one** transaction;
+bookkeeping follows in the background (``turns``, ``turn_path``). If the engine raises, the
+stream is closed early or the commit fails, nothing of the turn is stored (the caller still has
+the message and may send it again). With ``create=True`` (and for a new session in
+``complete``) the session row is created in that same commit, so a failed first turn leaves no
+session.
 
 **Concurrency.** Turns of one session are serialised by a per-session lock held only while the
 turn runs (``locks``); an abandoned stream releases it when collected; a waiting turn times out
@@ -31,11 +33,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from suffixmem.conversation import segment_log
+from suffixmem.conversation.background import Background, Job
 from suffixmem.conversation.cluster import SharedTurnLock
 from suffixmem.conversation.layout import LAYOUTS, Layout
 from suffixmem.conversation.locks import SessionBusyError, SessionLocks
@@ -46,21 +47,19 @@ from suffixmem.conversation.store import Store
 from suffixmem.conversation.temperature import scheme_for, session_range
 from suffixmem.conversation.topic import (
     TopicDetector,
+    TopicVerdict,
     default_detector,
 )
 from suffixmem.conversation.topic_cache import TopicCache
+from suffixmem.conversation.turn_path import TurnPath
 from suffixmem.conversation.turns import (
+    PENDING,
     Plan,
     TurnResult,
     TurnSpec,
     build_prompt,
     last_event,
-    no_lock,
     schema_instruction,
-    stream_turn,
-    turn_event,
-    turn_messages,
-    turn_result,
 )
 from suffixmem.conversation.validation import (
     check_sampling,
@@ -87,7 +86,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class ConversationManager:
+class ConversationManager(TurnPath):
     """Sessions, history and turns over any engine that follows the protocol."""
 
     def __init__(self, engine: Engine, database_url: str | None = None,
@@ -110,7 +109,8 @@ class ConversationManager:
         self._shared = SharedTurnLock(self.store)  # across processes (PostgreSQL)
         # session -> writes by this manager; a turn re-reads its state only if it moved
         self._versions: dict[str, int] = {}
-        self._bookkeeping = ThreadPoolExecutor(1, thread_name_prefix="suffixmem-segments")
+        self._topic_updates: dict[str, Job] = {}
+        self._background = Background()
 
     # -- sessions -------------------------------------------------------------------------------
     def open_session(self, session_id: str | None = None, *, title: str | None = None,
@@ -333,82 +333,27 @@ class ConversationManager:
                           else self.config.system_prompt)
 
     def _plan(self, spec: TurnSpec) -> Plan:
-        verdict = self.topics.verdict(spec.key, spec.history, spec.user_text, spec.fresh_topic)
-        scheme = self.temperature.for_session(*spec.temperature_range)
-        temperature = (
-            scheme.next(spec.session_temperature, verdict.jump)
-            if verdict.similarity is not None else spec.session_temperature
-        )
+        """The prompt and the checked sampling values (bad ones raise here); the topic verdict
+        and the semantic temperature are decided later, under the session's lock
+        (``TurnPath._decide``)."""
         sampling = SamplingParams(**{"max_tokens": self.config.max_tokens,
-                                     "temperature": temperature, **spec.sampling})
+                                     "temperature": spec.session_temperature, **spec.sampling})
         prompt = build_prompt(self.layout, self.engine, spec, int(self.engine.max_model_len),
                               self.config.context_window, self.config.reply_reserve, sampling)
-        return Plan(spec, prompt, verdict, temperature, sampling)
+        return Plan(spec, prompt, PENDING, spec.session_temperature, sampling)
 
-    def _run(self, plan: Plan, respec: Callable[[], TurnSpec]
-             ) -> Iterator[TokenEvent | TurnResult]:
-        sid = plan.spec.session_id
-        lock = self._locks.hold(sid, f"turn {id(plan):x}") if sid is not None else no_lock()
-        shared = (self._shared.hold(sid, self.config.lock_timeout_s) if sid is not None
-                  else no_lock())
-        with lock, shared:
-            if sid is not None and (self._shared.shared
-                                    or self._versions.get(sid, 0) != plan.spec.version):
-                # another turn of this manager landed meanwhile, or, on a database shared by
-                # several processes, may have: plan again from what is stored now
-                plan = self._plan(respec())
-            if plan.verdict.jump and sid is not None:
-                self._release(sid)
-            engine_start = time.perf_counter()
-            result: Result | None = None
-            for event in stream_turn(self.engine, plan, self.config.exact):
-                if isinstance(event, Result):
-                    result = event
-                else:
-                    yield event
-            assert result is not None  # stream_turn raises otherwise
-            done = time.perf_counter()
-            messages, text = turn_messages(plan, result, self.engine, self.counter.count)
-            if sid is not None:
-                self.store.commit_turn(
-                    sid, messages, turn_event(plan, result), temperature=plan.temperature,
-                    window_start=plan.prompt.window_start, create=plan.spec.create,
-                    replace_history=plan.spec.replace,
-                )
-                self._versions[sid] = self._versions.get(sid, 0) + 1
-                self.topics.advance(plan, text)
-                if self.config.record_segments and plan.prompt.segments:
-                    self._bookkeeping.submit(self._record_segments, sid, plan, result)
-            overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)
-            turn = turn_result(plan, result, text, overhead)
-        yield turn
-
-    def _record_segments(self, sid: str, plan: Plan, result: Result) -> None:
-        try:
-            segment_log.record(self.store, self.retention, sid, plan.prompt, result)
-        except Exception:  # bookkeeping only: the turn itself is committed
-            log.warning("segment bookkeeping failed for session %s", sid, exc_info=True)
+    def _temperature(self, spec: TurnSpec, verdict: TopicVerdict) -> float:
+        """The session's semantic temperature after this turn's verdict."""
+        if verdict.similarity is None:
+            return spec.session_temperature
+        scheme = self.temperature.for_session(*spec.temperature_range)  # the session's own range
+        return scheme.next(spec.session_temperature, verdict.jump)
 
     def detector(self) -> TopicDetector:
         """The topic detector (built on first use)."""
         return self.topics.detector()
 
     # -- plumbing -------------------------------------------------------------------------------
-    def _forget(self, session_id: str) -> None:
-        self.topics.forget(session_id)
-        self._versions[session_id] = self._versions.get(session_id, 0) + 1
-
-    def _release(self, session_id: str) -> None:
-        try:
-            self.engine.release_session(session_id)
-        except Exception:  # the cache is an optimisation; a failed release is not fatal
-            log.warning("engine.release_session(%r) failed", session_id, exc_info=True)
-        try:
-            self.store.release_segments(session_id)
-        except Exception:
-            log.warning("releasing segments of %s in the store failed", session_id,
-                        exc_info=True)
-
     def stats(self, session_id: str | None = None) -> dict[str, Any]:
         """Totals from the committed turns' events (one session, or all)."""
         if session_id is not None:
@@ -436,13 +381,13 @@ class ConversationManager:
         return out
 
     def flush(self) -> None:
-        """Wait for pending segment bookkeeping (tests, shutdown)."""
-        self._bookkeeping.submit(lambda: None).result()
+        """Run the pending bookkeeping now and wait for it (tests, shutdown)."""
+        self._background.flush()
 
     def close(self) -> None:
         """Finish bookkeeping and close the database connections (the engine is the
         caller's to close)."""
-        self._bookkeeping.shutdown(wait=True)
+        self._background.close()
         self.store.close()
 
     def __enter__(self) -> ConversationManager:

@@ -5,7 +5,7 @@ Times are timezone-aware UTC (``aware`` fixes SQLite's naive datetimes on the wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from suffixmem.engine.protocol import Message
@@ -43,9 +43,14 @@ class StoredMessage:
     token_ids: tuple[int, ...] | None
     token_count: int
     created_at: datetime
+    # the Message built once: a cached history is rendered every turn, and building a Message
+    # re-validates its text and ids (O(history) per turn otherwise)
+    _message: Message | None = field(default=None, compare=False, repr=False)
 
     def to_message(self) -> Message:
-        return Message(self.role, self.content, self.token_ids)
+        if self._message is None:
+            object.__setattr__(self, "_message", Message(self.role, self.content, self.token_ids))
+        return self._message  # type: ignore[return-value]
 
 
 @dataclass(slots=True, frozen=True)

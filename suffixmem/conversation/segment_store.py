@@ -19,7 +19,7 @@ from suffixmem.conversation.schema import SegmentEventRow, SegmentRow, utcnow
 class SegmentQueries:
     """Segment queries over ``Store``'s transactions."""
 
-    def _tx(self) -> contextlib.AbstractContextManager[Session]:
+    def _tx(self, read: bool = False) -> contextlib.AbstractContextManager[Session]:
         raise NotImplementedError  # provided by Store
 
     def _retrying(self, fn: Any) -> Any:
@@ -88,7 +88,7 @@ class SegmentQueries:
             ).rowcount or 0)
 
     def segment(self, hash_: str, scope: str) -> SegmentRecord | None:
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             r = s.execute(
                 select(SegmentRow).where(SegmentRow.hash == hash_, SegmentRow.scope == scope)
             ).scalar_one_or_none()
@@ -104,7 +104,7 @@ class SegmentQueries:
 
     def sightings(self, hash_: str, scope: str) -> int:
         """How many times the segment was logged as seen."""
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             return int(s.scalar(
                 select(func.count()).select_from(SegmentEventRow).where(
                     SegmentEventRow.hash == hash_, SegmentEventRow.scope == scope)
@@ -112,7 +112,7 @@ class SegmentQueries:
 
     def segment_events(self, limit: int | None = None) -> list[SegmentEvent]:
         """Logged sightings, oldest first."""
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             q = select(SegmentEventRow).order_by(SegmentEventRow.seen_at, SegmentEventRow.id)
             if limit is not None:
                 q = q.limit(limit)

@@ -5,9 +5,11 @@ Contract:
   ``database``). An unreachable or unusable database raises ``StoreError`` naming the URL with
   its password masked.
 - Every method is one transaction; nothing half-written is ever visible. ``turn_state`` reads a
-  turn's session and history in one transaction; ``commit_turn`` stores the turn's messages,
-  statistics and session state in one (creating the session, or replacing its history, in the
-  same transaction when asked).
+  turn's session and history in one read-only transaction (only the messages it has not seen
+  yet: ``history_cache``); ``commit_turn`` stores the turn's messages, statistics and session
+  state in one (creating the session, or replacing its history, in the same transaction when
+  asked). Read-only transactions never wait for writers (SQLite: deferred ``BEGIN`` under WAL,
+  see ``database``).
 - Positions of a session's messages are 0, 1, 2, ... with no gaps; writers of the same session
   are serialised (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: a row lock on the session), so
   concurrent writers from several threads lose nothing.
@@ -17,7 +19,6 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -31,9 +32,11 @@ from suffixmem.conversation.database import (
     downgrade,
     make_engine,
     mask,
+    read_engine,
     reason,
     upgrade,
 )
+from suffixmem.conversation.history_cache import HistoryCache
 from suffixmem.conversation.records import (
     NewMessage,
     NewSession,
@@ -53,6 +56,7 @@ from suffixmem.conversation.schema import (
     utcnow,
 )
 from suffixmem.conversation.segment_store import SegmentQueries
+from suffixmem.conversation.turn_store import TurnQueries
 from suffixmem.conversation.validation import check_session_id, check_text
 from suffixmem.engine.protocol import ROLES
 from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
@@ -67,7 +71,7 @@ START_TEMPERATURE = 0.8
 _RETRIES = 5
 
 
-class Store(SegmentQueries):
+class Store(TurnQueries, SegmentQueries):
     """SQL persistence of conversations (see the module docstring for the contract)."""
 
     def __init__(self, url: str, *, migrate: bool = True) -> None:
@@ -75,6 +79,8 @@ class Store(SegmentQueries):
         self._raw_url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._reads = sessionmaker(read_engine(self.engine), expire_on_commit=False)
+        self.history_cache = HistoryCache()
         try:
             with self.engine.connect():
                 pass
@@ -92,10 +98,11 @@ class Store(SegmentQueries):
 
     # -- plumbing -------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[Session]:
-        """One transaction; database failures become ``StoreError``."""
+    def _tx(self, read: bool = False) -> Iterator[Session]:
+        """One transaction; database failures become ``StoreError``. ``read``: it only reads
+        (it then never waits for a writer; it must not write)."""
         try:
-            with self._sessions.begin() as s:
+            with (self._reads if read else self._sessions).begin() as s:
                 yield s
         except IntegrityError:
             raise
@@ -160,7 +167,7 @@ class Store(SegmentQueries):
         return self._retrying(run)  # type: ignore[no-any-return]
 
     def get_session(self, session_id: str) -> SessionRecord | None:
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             row = s.get(SessionRow, check_session_id(session_id))
             return None if row is None else self._record(s, row)
 
@@ -172,7 +179,7 @@ class Store(SegmentQueries):
 
     def list_sessions(self) -> list[SessionRecord]:
         """All sessions, most recently updated first."""
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             counts = dict(
                 s.execute(
                     select(MessageRow.session_id, func.count()).group_by(MessageRow.session_id)
@@ -231,6 +238,7 @@ class Store(SegmentQueries):
 
     def delete_session(self, session_id: str) -> None:
         sid = check_session_id(session_id)
+        self.history_cache.drop(sid)
         with self._tx() as s:
             if s.get(SessionRow, sid) is None:
                 raise UnknownSessionError(sid)
@@ -241,63 +249,13 @@ class Store(SegmentQueries):
             s.execute(delete(SessionRow).where(SessionRow.id == sid))
 
     # -- messages -------------------------------------------------------------------------------
-    @staticmethod
-    def _messages(s: Session, sid: str) -> list[StoredMessage]:
-        rows = s.scalars(
-            select(MessageRow).where(MessageRow.session_id == sid).order_by(MessageRow.position)
-        ).all()
-        return [
-            StoredMessage(
-                position=r.position, role=r.role, content=r.content,
-                token_ids=tuple(json.loads(r.token_ids)) if r.token_ids else None,
-                token_count=r.token_count, created_at=aware(r.created_at),  # type: ignore[arg-type]
-            )
-            for r in rows
-        ]
-
     def messages(self, session_id: str) -> list[StoredMessage]:
         """The session's committed messages in order (``UnknownSessionError`` if missing)."""
         sid = check_session_id(session_id)
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             if s.get(SessionRow, sid) is None:
                 raise UnknownSessionError(sid)
             return self._messages(s, sid)
-
-    def turn_state(self, session_id: str) -> tuple[SessionRecord, list[StoredMessage]] | None:
-        """The session and its history read in one transaction (None: no such session)."""
-        sid = check_session_id(session_id)
-        with self._tx() as s:
-            row = s.get(SessionRow, sid)
-            if row is None:
-                return None
-            msgs = self._messages(s, sid)
-            return self._record(s, row, len(msgs)), msgs
-
-    def _lock_session(self, s: Session, sid: str) -> SessionRow:
-        row = s.execute(
-            select(SessionRow).where(SessionRow.id == sid).with_for_update()
-        ).scalar_one_or_none()
-        if row is None:
-            raise UnknownSessionError(sid)
-        return row
-
-    def _append(self, s: Session, sid: str, messages: Sequence[NewMessage]) -> list[int]:
-        last = s.scalar(
-            select(func.max(MessageRow.position)).where(MessageRow.session_id == sid)
-        )
-        pos = -1 if last is None else int(last)
-        now = utcnow()
-        out = []
-        for m in messages:
-            pos += 1
-            s.add(MessageRow(
-                session_id=sid, position=pos, role=m.role, content=m.content,
-                token_ids=json.dumps(list(m.token_ids)) if m.token_ids is not None else None,
-                token_count=m.token_count, status="committed", created_at=now,
-            ))
-            out.append(pos)
-        s.flush()
-        return out
 
     @staticmethod
     def _check(messages: Sequence[NewMessage]) -> None:
@@ -319,58 +277,18 @@ class Store(SegmentQueries):
 
         def run(s: Session) -> list[int]:
             row = self._lock_session(s, sid)
-            positions = self._append(s, sid, messages)
+            stored = self._append(s, sid, messages)
             row.updated_at = utcnow()
-            return positions
+            return [m.position for m in stored]
 
-        return self._retrying(run)  # type: ignore[no-any-return]
-
-    def commit_turn(
-        self, session_id: str, messages: Sequence[NewMessage], turn: TurnEvent, *,
-        temperature: float, window_start: int, create: NewSession | None = None,
-        replace_history: bool = False,
-    ) -> list[int]:
-        """Store a finished turn in one transaction: its messages, its statistics and the
-        session's new temperature and window start. With ``create`` the session is created
-        first when missing; with ``replace_history`` the stored messages are replaced by
-        ``messages`` (and the system prompt set from ``create``). Returns the positions."""
-        self._check(messages)
-        sid = check_session_id(session_id)
-
-        def run(s: Session) -> list[int]:
-            if create is not None and s.get(SessionRow, sid) is None:
-                now = utcnow()
-                s.add(SessionRow(
-                    id=sid, title=create.title, model=create.model,
-                    system_prompt=create.system_prompt, temperature=temperature,
-                    state="active", window_start=0, created_at=now, updated_at=now,
-                ))
-                s.flush()
-            row = self._lock_session(s, sid)
-            if replace_history:
-                s.execute(delete(MessageRow).where(MessageRow.session_id == sid))
-                s.flush()
-                if create is not None:
-                    row.system_prompt = create.system_prompt
-            positions = self._append(s, sid, messages)
-            row.temperature = temperature
-            row.window_start = window_start
-            row.updated_at = utcnow()
-            s.add(TurnEventRow(
-                session_id=sid, request_id=turn.request_id, prompt_tokens=turn.prompt_tokens,
-                cached_tokens=turn.cached_tokens, output_tokens=turn.output_tokens,
-                ttft_s=turn.ttft_s, latency_s=turn.latency_s, topic_jump=turn.topic_jump,
-                similarity=turn.similarity, temperature=turn.temperature,
-                evicted_turns=turn.evicted_turns, finish_reason=turn.finish_reason,
-                created_at=utcnow(),
-            ))
-            return positions
-
-        return self._retrying(run)  # type: ignore[no-any-return]
+        positions = self._retrying(run)
+        self.history_cache.drop(sid)
+        return positions  # type: ignore[no-any-return]
 
     def clear_history(self, session_id: str, temperature: float = START_TEMPERATURE) -> None:
         """Delete the session's messages and reset its window and ``temperature``."""
         sid = check_session_id(session_id)
+        self.history_cache.drop(sid)
         with self._tx() as s:
             row = self._lock_session(s, sid)
             s.execute(delete(MessageRow).where(MessageRow.session_id == sid))
@@ -396,7 +314,7 @@ class Store(SegmentQueries):
 
     # -- turn events ----------------------------------------------------------------------------
     def turn_events(self, session_id: str | None = None) -> list[TurnEvent]:
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             q = select(TurnEventRow).order_by(TurnEventRow.id)
             if session_id is not None:
                 q = q.where(TurnEventRow.session_id == check_session_id(session_id))

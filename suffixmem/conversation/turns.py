@@ -1,20 +1,29 @@
 """One turn, whatever the entry point (``chat``, ``complete``, stateless): plan, generate, commit.
 
 1. **Plan** (before the engine starts; bad input raises here and nothing is stored): the turn's
-   state comes from one read transaction (``Store.turn_state``); the topic verdict (cached per
-   session, so one ``observe_user`` per turn) decides the semantic temperature *before*
-   generation; the layout builds the prompt token ids and ``Segment`` marks.
-2. **Run**: under the session's lock (held only while the turn runs; see ``locks``) the engine
-   streams; a jump first releases the session's cached segments.
-3. **Commit**: only a completed generation (``stop`` / ``length``) is stored, in one
+   state comes from one read-only transaction (``Store.turn_state``); the layout builds the
+   prompt token ids and ``Segment`` marks; the sampling values are checked.
+2. **Topic** (under the session's lock, see ``locks``): the topic verdict (cached per session,
+   so one ``observe_user`` per turn) decides the session's semantic temperature. When the
+   caller did not fix ``temperature`` the verdict must precede sampling, so it runs before the
+   engine starts (a jump then first releases the session's cached segments). When the caller
+   fixed it, nothing of the prompt or the sampling depends on the verdict: it runs in the
+   background while the engine generates and is collected before the commit.
+3. **Run**: the engine streams (the lock is held only while the turn runs). The token counts
+   of the messages to store are computed in the background meanwhile (only the commit needs
+   them).
+4. **Commit**: only a completed generation (``stop`` / ``length``) is stored, in one
    transaction (messages, statistics, session state; the session row itself for a new session;
    the replaced history for a rewritten one). Failure, early close or a refused commit store
-   nothing. Segment bookkeeping runs afterwards on a background worker, fed with the engine's
-   real hits (``Result.reused_segments`` and the prefix-cache hit), never on the path to the
-   first token or to the ``TurnResult``.
+   nothing. Bookkeeping runs afterwards in the background (``background``), while the next
+   turn's engine works: the segment log, fed with the engine's real hits
+   (``Result.reused_segments`` and the prefix-cache hit), and the topic detector's update
+   with the reply (the session's next verdict runs it first if it has not run yet).
 
 ``TurnResult.manager_overhead_ms`` is the time spent outside the engine: from the call to the
-engine stream's start, plus from the engine's ``Result`` to the ``TurnResult``.
+engine stream's start (``Engine.stream`` checks and queues the request for the driver's next
+step), plus from the engine's ``Result`` to the ``TurnResult``. Time a streaming caller spends
+between events is not counted.
 """
 
 from __future__ import annotations
@@ -106,14 +115,21 @@ class TurnSpec:
     temperature_range: tuple[float | None, float | None] = (None, None)
 
 
+PENDING = TopicVerdict(False, None, reason="pending")
+"""``Plan.verdict`` until the topic step decided it."""
+
+
 @dataclass(slots=True)
 class Plan:
-    """Everything decided before generation (nothing stored yet)."""
+    """Everything decided for a turn (nothing stored yet). ``verdict``, ``temperature`` (the
+    session's new semantic temperature) and, unless the caller fixed it, the sampling
+    temperature are set by the topic step (``PENDING`` and the session's temperature until
+    then)."""
 
     spec: TurnSpec
     prompt: Prompt
     verdict: TopicVerdict
-    temperature: float  # the session's new semantic temperature
+    temperature: float
     sampling: SamplingParams
 
 
@@ -157,9 +173,16 @@ def stream_turn(engine: Any, plan: Plan, exact: bool) -> Iterator[TokenEvent | R
             f"generation ended with {result.finish_reason!r}; the turn was not stored")
 
 
-def turn_messages(plan: Plan, result: Result, engine: Any,
-                  count: Any) -> tuple[list[NewMessage], str]:
-    """The messages to commit (``to_store`` and the reply) and the reply text as stored."""
+def stored_counts(spec: TurnSpec, count: Any) -> list[int]:
+    """Token counts of ``spec.to_store`` (for the commit: computed while the engine works)."""
+    return [len(m.token_ids) if m.token_ids is not None else count(m.content)
+            for m in spec.to_store]
+
+
+def turn_messages(plan: Plan, result: Result, engine: Any, count: Any,
+                  counts: Sequence[int] | None = None) -> tuple[list[NewMessage], str]:
+    """The messages to commit (``to_store`` with ``counts``, else counted now, and the reply)
+    and the reply text as stored."""
     ids = tuple(result.token_ids)
     # NUL cannot be stored in PostgreSQL text; a model may still emit one: keep the text
     # storable (U+FFFD) and drop the ids, which then no longer match the text
@@ -167,11 +190,10 @@ def turn_messages(plan: Plan, result: Result, engine: Any,
     # keep the generated ids only when they are exactly the reply's text (a stop string may
     # have cut the text short of the ids); otherwise the reply is re-tokenized later
     keep = ids if ids and text == result.text and engine.detokenize(ids) == text else None
-    out = [
-        NewMessage(m.role, m.content, m.token_ids,
-                   len(m.token_ids) if m.token_ids is not None else count(m.content))
-        for m in plan.spec.to_store
-    ]
+    if counts is None:
+        counts = stored_counts(plan.spec, count)
+    out = [NewMessage(m.role, m.content, m.token_ids, n)
+           for m, n in zip(plan.spec.to_store, counts, strict=True)]
     out.append(NewMessage("assistant", text, keep, len(keep) if keep is not None
                           else count(text)))
     return out, text

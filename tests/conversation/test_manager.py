@@ -278,6 +278,7 @@ def test_fork_append_clear_delete(manager: ConversationManager, engine: FlakyEng
 def test_topic_jump_lowers_temperature_and_releases(manager: ConversationManager,
                                                     engine: FlakyEngine) -> None:
     manager.open_session("topic")
+    manager.flush()  # earlier tests' background releases (fixed-temperature jumps) land first
     engine.released.clear()
     a = manager.chat("topic", "How do I sort a list of numbers in Python?", **GREEDY)
     b = manager.chat("topic", "How do I sort a list of strings in Python by length?", **GREEDY)

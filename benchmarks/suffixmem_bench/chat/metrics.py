@@ -13,8 +13,11 @@ Definitions (times in seconds, token counts in model tokens):
   session (a shared system prompt counts from the second session on). No prefix cache, shared
   or not, can beat it; configurations that share across sessions are judged against this one.
 - ``manager_overhead_ms_p50`` / ``_p99``: the conversation manager's own time per turn
-  (``TurnResult.manager_overhead_ms``: outside the engine, before its stream starts and after
-  its result), suffixmem configurations only.
+  (``TurnResult.manager_overhead_ms``): from the chat call until the request is handed to the
+  engine (``Engine.stream``, which queues it for the driver's next scheduling step), plus from
+  the engine's ``Result`` (right after the last token) until the call returns its
+  ``TurnResult``; the benchmark's own time between streamed events is not counted. suffixmem
+  configurations only.
 - ``output_tok_s`` and ``prompt_tok_s``: tokens over the wall time of the whole workload
   (engine start-up excluded).
 - Percentiles interpolate linearly between order statistics (numpy's default method).

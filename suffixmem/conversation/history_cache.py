@@ -1,0 +1,75 @@
+"""Committed histories kept in memory, so a turn reads from SQL only what changed.
+
+A turn needs its session's whole history, but between two turns of a session only the last
+turn's messages are new. ``Store.turn_state`` therefore keeps each session's history here and,
+within its one read transaction, reads the session row and then:
+
+- nothing more when the row's ``updated_at`` is the one the entry was read at (every write of
+  a session's messages sets ``updated_at``; ``Store`` is their only writer);
+- otherwise the messages from the entry's last position on: if the first of them is that last
+  message unchanged (same position, role, content, ids and ``created_at``), the rest is
+  appended; any other outcome (a cleared or rewritten history, another process's edit) reads
+  the whole history again.
+
+So the cache is never trusted over the database, only used to skip rows the database confirms.
+Entries are immutable tuples of frozen ``StoredMessage``s; the table holds at most
+``max_sessions`` sessions (oldest written first out). Plain dict operations only: no lock,
+so sessions never wait for each other here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from suffixmem.conversation.records import StoredMessage
+
+
+@dataclass(slots=True, frozen=True)
+class CachedHistory:
+    """A session's history as read (``stamp``: the row's ``updated_at`` then; None when the
+    entry was extended by a commit and must be confirmed by the next read)."""
+
+    stamp: datetime | None
+    messages: tuple[StoredMessage, ...]
+
+
+class HistoryCache:
+    """Per-session histories (module docstring). ``full`` / ``partial`` / ``hits`` count the
+    reads that loaded everything, only the new tail, or nothing (for tests and profiles)."""
+
+    def __init__(self, max_sessions: int = 256) -> None:
+        self.max_sessions = max_sessions
+        self._entries: dict[str, CachedHistory] = {}
+        self.full = self.partial = self.hits = 0
+
+    def get(self, session_id: str) -> CachedHistory | None:
+        return self._entries.get(session_id)
+
+    def put(self, session_id: str, entry: CachedHistory) -> None:
+        if self.max_sessions <= 0:
+            return
+        self._entries.pop(session_id, None)  # re-insert: the dict's order is write order
+        self._entries[session_id] = entry
+        while len(self._entries) > self.max_sessions:
+            try:
+                del self._entries[next(iter(self._entries))]
+            except (KeyError, StopIteration, RuntimeError):  # another thread got there first
+                break
+
+    def extend(self, session_id: str, first_position: int,
+               messages: tuple[StoredMessage, ...]) -> None:
+        """A commit appended ``messages`` at ``first_position``: extend the entry when it ends
+        right before them (the next read confirms it), else drop it."""
+        entry = self._entries.get(session_id)
+        end = entry.messages[-1].position + 1 if entry is not None and entry.messages else 0
+        if entry is None or end != first_position:
+            self.drop(session_id)
+            return
+        self.put(session_id, CachedHistory(None, entry.messages + messages))
+
+    def drop(self, session_id: str) -> None:
+        self._entries.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)

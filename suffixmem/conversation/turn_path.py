@@ -1,0 +1,191 @@
+"""The manager's turn path after planning: lock, topic step, stream, commit, bookkeeping.
+
+A mixin of ``ConversationManager`` (its engine, store, locks, topic cache and background
+worker; ``_plan`` and ``_temperature`` are the manager's). The steps and what each costs the
+caller are in ``turns``' module docstring; this module is the code. Only the per-session locks
+are taken: turns of different sessions share no lock here (the background worker is a queue,
+and each of its jobs has its own lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from suffixmem.conversation import segment_log
+from suffixmem.conversation.background import Background, Job
+from suffixmem.conversation.cluster import SharedTurnLock
+from suffixmem.conversation.locks import SessionLocks
+from suffixmem.conversation.manager_config import ManagerConfig
+from suffixmem.conversation.store import Store
+from suffixmem.conversation.topic import TopicVerdict
+from suffixmem.conversation.topic_cache import TopicCache
+from suffixmem.conversation.turns import (
+    Plan,
+    TurnResult,
+    TurnSpec,
+    no_lock,
+    stored_counts,
+    stream_turn,
+    turn_event,
+    turn_messages,
+    turn_result,
+)
+from suffixmem.engine.protocol import Engine, Result, TokenEvent
+from suffixmem.retention import RetentionPolicy
+from suffixmem.tokens import TokenCounter
+
+log = logging.getLogger("suffixmem.conversation.manager")
+
+
+class TurnPath:
+    """Running planned turns (module docstring)."""
+
+    engine: Engine
+    config: ManagerConfig
+    store: Store
+    counter: TokenCounter
+    retention: RetentionPolicy
+    topics: TopicCache
+    _locks: SessionLocks
+    _shared: SharedTurnLock
+    _versions: dict[str, int]
+    _background: Background
+    # session -> its last turn's topic update (a Job): the next verdict runs it first
+    _topic_updates: dict[str, Job]
+
+    def _plan(self, spec: TurnSpec) -> Plan:
+        raise NotImplementedError  # provided by ConversationManager
+
+    def _temperature(self, spec: TurnSpec, verdict: TopicVerdict) -> float:
+        raise NotImplementedError  # provided by ConversationManager
+
+    # -- topic step -----------------------------------------------------------------------------
+    def _topic_job(self, plan: Plan) -> Job:
+        """The turn's verdict as a job; it first folds the session's previous reply into the
+        topic state (that update may still be queued in the background)."""
+        spec = plan.spec
+        previous = self._topic_updates.get(spec.session_id) if spec.session_id else None
+
+        def verdict() -> TopicVerdict:
+            if previous is not None:
+                previous.run()
+            return self.topics.verdict(spec.key, spec.history, spec.user_text,
+                                       spec.fresh_topic)
+
+        return Job(verdict, "topic verdict")
+
+    def _decide(self, plan: Plan, verdict: TopicVerdict) -> None:
+        plan.verdict = verdict
+        plan.temperature = self._temperature(plan.spec, verdict)
+        if "temperature" not in plan.spec.sampling:  # an explicit temperature always wins
+            plan.sampling = dataclasses.replace(plan.sampling, temperature=plan.temperature)
+
+    def _update_topic(self, plan: Plan, reply: str) -> None:
+        try:
+            self.topics.advance(plan, reply)
+        except Exception:  # the next verdict replays the history instead
+            log.warning("topic update of %s failed", plan.spec.key, exc_info=True)
+            self.topics.forget(plan.spec.key)
+
+    # -- the turn -------------------------------------------------------------------------------
+    def _run(self, plan: Plan, respec: Callable[[], TurnSpec]
+             ) -> Iterator[TokenEvent | TurnResult]:
+        sid = plan.spec.session_id
+        lock = self._locks.hold(sid, f"turn {id(plan):x}") if sid is not None else no_lock()
+        shared = (self._shared.hold(sid, self.config.lock_timeout_s) if sid is not None
+                  else no_lock())
+        with lock, shared:
+            if sid is not None and (self._shared.shared
+                                    or self._versions.get(sid, 0) != plan.spec.version):
+                # another turn of this manager landed meanwhile, or, on a database shared by
+                # several processes, may have: plan again from what is stored now
+                plan = self._plan(respec())
+            topic = self._topic_job(plan)
+            # the caller fixed the temperature: the verdict does not affect generation
+            alongside = "temperature" in plan.spec.sampling
+            if alongside:
+                self._background.put(topic)
+            else:
+                self._decide(plan, topic.run())
+                if plan.verdict.jump and sid is not None:
+                    self._release_engine(sid)
+            # the stored messages' token counts are needed only by the commit
+            counting = self._background.submit(
+                lambda: stored_counts(plan.spec, self.counter.count), "token counts")
+            engine_start = time.perf_counter()
+            result: Result | None = None
+            kicked = False
+            for event in stream_turn(self.engine, plan, self.config.exact):
+                if isinstance(event, Result):
+                    result = event
+                    continue
+                if not kicked:  # prefill is done: background work may use the CPU now
+                    self._background.kick()
+                    kicked = True
+                yield event
+            assert result is not None  # stream_turn raises otherwise
+            done = time.perf_counter()
+            if alongside:
+                self._decide(plan, topic.run())  # usually finished during generation
+            messages, text = turn_messages(plan, result, self.engine, self.counter.count,
+                                           counting.run())
+            if sid is not None:
+                self.store.commit_turn(
+                    sid, messages, turn_event(plan, result), temperature=plan.temperature,
+                    window_start=plan.prompt.window_start, create=plan.spec.create,
+                    replace_history=plan.spec.replace,
+                )
+                self._versions[sid] = self._versions.get(sid, 0) + 1
+                self._bookkeep(sid, plan, result, text, release_engine=alongside)
+            overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)
+            turn = turn_result(plan, result, text, overhead)
+        yield turn
+
+    def _bookkeep(self, sid: str, plan: Plan, result: Result, text: str,
+                  release_engine: bool) -> None:
+        """Queue what the committed turn leaves to do; nothing here waits."""
+        bg = self._background
+        if plan.verdict.jump:
+            if release_engine:  # the verdict came after generation started
+                bg.submit(lambda: self._release_engine(sid), "release segments (engine)")
+            # before this turn's segment log: the log then marks the new topic's segments
+            bg.submit(lambda: self._release_store(sid), "release segments (store)")
+        if self.config.record_segments and plan.prompt.segments:
+            bg.submit(lambda: self._record_segments(sid, plan, result), "segment log")
+        update = bg.submit(lambda: self._update_topic(plan, text), "topic update")
+        self._topic_updates[sid] = update
+
+    def _record_segments(self, sid: str, plan: Plan, result: Result) -> None:
+        try:
+            segment_log.record(self.store, self.retention, sid, plan.prompt, result)
+        except Exception:  # bookkeeping only: the turn itself is committed
+            log.warning("segment bookkeeping failed for session %s", sid, exc_info=True)
+
+    # -- releasing a session's segments ---------------------------------------------------------
+    def _release(self, session_id: str) -> None:
+        self._release_engine(session_id)
+        self._release_store(session_id)
+
+    def _release_engine(self, session_id: str) -> None:
+        try:
+            self.engine.release_session(session_id)
+        except Exception:  # the cache is an optimisation; a failed release is not fatal
+            log.warning("engine.release_session(%r) failed", session_id, exc_info=True)
+
+    def _release_store(self, session_id: str) -> None:
+        try:
+            self.store.release_segments(session_id)
+        except Exception:
+            log.warning("releasing segments of %s in the store failed", session_id,
+                        exc_info=True)
+
+    def _forget(self, session_id: str) -> None:
+        """The stored history changed outside a turn (caller holds the session's lock)."""
+        update = self._topic_updates.pop(session_id, None)
+        if update is not None:
+            update.run()  # a queued update must not land on the state rebuilt from now on
+        self.topics.forget(session_id)
+        self._versions[session_id] = self._versions.get(session_id, 0) + 1

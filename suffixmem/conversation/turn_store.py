@@ -1,0 +1,185 @@
+"""The per-turn half of the conversation store: the one read and the one commit of a turn.
+A mixin of ``Store`` (its ``_tx``, ``_retrying``, ``_record``, ``_check`` and
+``history_cache``); kept apart because it is the hot path: plain rows and executemany instead
+of ORM entities, and only the messages not read before (``history_cache``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from suffixmem.conversation.history_cache import CachedHistory, HistoryCache
+from suffixmem.conversation.records import (
+    NewMessage,
+    NewSession,
+    SessionRecord,
+    StoredMessage,
+    TurnEvent,
+    aware,
+)
+from suffixmem.conversation.schema import MessageRow, SessionRow, TurnEventRow, utcnow
+from suffixmem.conversation.validation import check_session_id
+from suffixmem.errors import UnknownSessionError
+
+SESSIONS = SessionRow.__table__
+MESSAGES = MessageRow.__table__
+
+
+class TurnQueries:
+    """``turn_state`` and ``commit_turn`` over ``Store``'s transactions."""
+
+    history_cache: HistoryCache
+
+    def _tx(self, read: bool = False) -> contextlib.AbstractContextManager[Session]:
+        raise NotImplementedError  # provided by Store
+
+    def _retrying(self, fn: Any) -> Any:
+        raise NotImplementedError  # provided by Store
+
+    def _record(self, s: Session, row: SessionRow, count: int | None = None) -> SessionRecord:
+        raise NotImplementedError  # provided by Store
+
+    @staticmethod
+    def _check(messages: Sequence[NewMessage]) -> None:
+        raise NotImplementedError  # provided by Store
+
+    @staticmethod
+    def _messages(s: Session, sid: str, since: int = 0) -> list[StoredMessage]:
+        # plain rows, not ORM entities: this runs on every turn
+        rows = s.connection().execute(
+            select(MessageRow.position, MessageRow.role, MessageRow.content,
+                   MessageRow.token_ids, MessageRow.token_count, MessageRow.created_at)
+            .where(MessageRow.session_id == sid, MessageRow.position >= since)
+            .order_by(MessageRow.position)
+        ).all()
+        return [
+            StoredMessage(
+                position=r[0], role=r[1], content=r[2],
+                token_ids=tuple(json.loads(r[3])) if r[3] else None,
+                token_count=r[4], created_at=aware(r[5]),  # type: ignore[arg-type]
+            )
+            for r in rows
+        ]
+
+    def turn_state(self, session_id: str) -> tuple[SessionRecord, list[StoredMessage]] | None:
+        """The session and its history read in one read-only transaction (None: no such
+        session). Only messages not seen by an earlier call are read (``history_cache``)."""
+        sid = check_session_id(session_id)
+        cache = self.history_cache
+        with self._tx(read=True) as s:
+            # a plain row with every column: ``_record`` reads it like an ORM row
+            row = s.connection().execute(
+                select(SESSIONS).where(SESSIONS.c.id == sid)).first()
+            if row is None:
+                cache.drop(sid)
+                return None
+            stamp = aware(row.updated_at)
+            entry = cache.get(sid)
+            msgs: tuple[StoredMessage, ...] | None = None
+            if entry is not None and entry.stamp is not None and entry.stamp == stamp:
+                msgs = entry.messages
+                cache.hits += 1
+            elif entry is not None and entry.messages:
+                last = entry.messages[-1]
+                tail = self._messages(s, sid, since=last.position)
+                if tail and tail[0] == last:
+                    msgs = entry.messages + tuple(tail[1:])
+                    cache.partial += 1
+            if msgs is None:
+                msgs = tuple(self._messages(s, sid))
+                cache.full += 1
+            cache.put(sid, CachedHistory(stamp, msgs))
+            return self._record(s, row, len(msgs)), list(msgs)  # type: ignore[arg-type]
+
+    def _lock_session(self, s: Session, sid: str) -> SessionRow:
+        row = s.execute(
+            select(SessionRow).where(SessionRow.id == sid).with_for_update()
+        ).scalar_one_or_none()
+        if row is None:
+            raise UnknownSessionError(sid)
+        return row
+
+    def _append(self, s: Session, sid: str, messages: Sequence[NewMessage]
+                ) -> tuple[StoredMessage, ...]:
+        """Insert ``messages`` after the session's last one; returns them as stored."""
+        conn = s.connection()
+        last = conn.execute(
+            select(func.max(MessageRow.position)).where(MessageRow.session_id == sid)
+        ).scalar()
+        first = 0 if last is None else int(last) + 1
+        now = utcnow()
+        stored = tuple(
+            StoredMessage(first + i, m.role, m.content,
+                          tuple(m.token_ids) if m.token_ids is not None else None,
+                          m.token_count, now)
+            for i, m in enumerate(messages)
+        )
+        if stored:
+            # one executemany, no ORM unit of work: this is on every turn's commit
+            conn.execute(insert(MESSAGES), [
+                {"session_id": sid, "position": m.position, "role": m.role,
+                 "content": m.content,
+                 "token_ids": json.dumps(list(m.token_ids)) if m.token_ids is not None else None,
+                 "token_count": m.token_count, "status": "committed", "created_at": now}
+                for m in stored
+            ])
+        return stored
+
+    def commit_turn(
+        self, session_id: str, messages: Sequence[NewMessage], turn: TurnEvent, *,
+        temperature: float, window_start: int, create: NewSession | None = None,
+        replace_history: bool = False,
+    ) -> list[int]:
+        """Store a finished turn in one transaction: its messages, its statistics and the
+        session's new temperature and window start. With ``create`` the session is created
+        first when missing; with ``replace_history`` the stored messages are replaced by
+        ``messages`` (and the system prompt set from ``create``). Returns the positions."""
+        self._check(messages)
+        sid = check_session_id(session_id)
+
+        def run(s: Session) -> tuple[StoredMessage, ...]:
+            # plain statements on the transaction's connection: no ORM unit of work on the
+            # path from the last token to the caller
+            conn = s.connection()
+            now = utcnow()
+            if create is not None and conn.execute(
+                    select(SESSIONS.c.id).where(SESSIONS.c.id == sid)).first() is None:
+                conn.execute(insert(SESSIONS).values(
+                    id=sid, title=create.title, model=create.model,
+                    system_prompt=create.system_prompt, temperature=temperature,
+                    state="active", window_start=0, created_at=now, updated_at=now))
+            # the session's row lock (PostgreSQL) serialises its writers; SQLite's
+            # BEGIN IMMEDIATE already did
+            if conn.execute(select(SESSIONS.c.id).where(SESSIONS.c.id == sid)
+                            .with_for_update()).first() is None:
+                raise UnknownSessionError(sid)
+            values: dict[str, Any] = {"temperature": temperature, "window_start": window_start,
+                                      "updated_at": now}
+            if replace_history:
+                conn.execute(delete(MESSAGES).where(MESSAGES.c.session_id == sid))
+                if create is not None:
+                    values["system_prompt"] = create.system_prompt
+            stored = self._append(s, sid, messages)
+            conn.execute(update(SESSIONS).where(SESSIONS.c.id == sid).values(**values))
+            conn.execute(insert(TurnEventRow.__table__).values(
+                session_id=sid, request_id=turn.request_id, prompt_tokens=turn.prompt_tokens,
+                cached_tokens=turn.cached_tokens, output_tokens=turn.output_tokens,
+                ttft_s=turn.ttft_s, latency_s=turn.latency_s, topic_jump=turn.topic_jump,
+                similarity=turn.similarity, temperature=turn.temperature,
+                evicted_turns=turn.evicted_turns, finish_reason=turn.finish_reason,
+                created_at=now,
+            ))
+            return stored
+
+        stored: tuple[StoredMessage, ...] = self._retrying(run)
+        if replace_history:
+            self.history_cache.drop(sid)
+        elif stored:
+            self.history_cache.extend(sid, stored[0].position, stored)
+        return [m.position for m in stored]

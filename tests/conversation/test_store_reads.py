@@ -1,0 +1,111 @@
+"""The store's per-turn costs: read-only transactions that never wait for a writer (SQLite),
+the durability level from the URL, and histories read incrementally yet always equal to what
+the database holds, whoever wrote it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from suffixmem.conversation.database import make_engine
+from suffixmem.conversation.records import NewMessage, NewSession, TurnEvent
+from suffixmem.conversation.store import Store
+from suffixmem.errors import StoreError
+
+EV = TurnEvent(prompt_tokens=5, cached_tokens=0, ttft_s=0.1, latency_s=0.2, temperature=0.8)
+
+
+def _turn(st: Store, user: str, reply: str) -> None:
+    st.commit_turn("s", [NewMessage("user", user, None, 1),
+                         NewMessage("assistant", reply, (1, 2, 3), 3)],
+                   EV, temperature=0.5, window_start=0, create=NewSession(None, "m", "sys"))
+
+
+def _same_as_database(st: Store) -> list[str]:
+    state = st.turn_state("s")
+    assert state is not None
+    rec, msgs = state
+    assert msgs == st.messages("s")  # ``messages`` reads every row: the reference
+    assert rec.message_count == len(msgs)
+    return [m.content for m in msgs]
+
+
+def test_reads_never_wait_for_a_writer(sqlite_url: str) -> None:
+    st = Store(sqlite_url)
+    _turn(st, "q", "r")
+    other = make_engine(sqlite_url)  # another connection (or process) in a long write
+    with other.connect() as conn:
+        conn.exec_driver_sql("UPDATE sessions SET title = 'pending'")  # holds the write lock
+        out: list[object] = []
+
+        def read() -> None:
+            out.append(st.turn_state("s"))
+            out.append(st.get_session("s"))
+            out.append(st.messages("s"))
+            out.append(st.turn_events("s"))
+            out.append(st.list_sessions())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(10)  # BEGIN IMMEDIATE would queue for the lock (busy_timeout: 30 s)
+        finished = not reader.is_alive()
+        conn.rollback()
+    reader.join(60)
+    other.dispose()
+    assert finished, "a read waited for the writer's lock"
+    assert out[1].title is None  # type: ignore[attr-defined]  # a snapshot: no dirty read
+    st.close()
+
+
+@pytest.mark.parametrize(("given", "level"), [(None, 1), ("full", 2), ("OFF", 0), ("extra", 3)])
+def test_durability_level_comes_from_the_url(tmp_path: Path, given: str | None,
+                                             level: int) -> None:
+    url = f"sqlite:///{tmp_path / 'd.db'}" + (f"?synchronous={given}" if given else "")
+    st = Store(url)  # the parameter is ours: the driver never sees it
+    with st.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == level
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    _turn(st, "q", "r")
+    assert _same_as_database(st) == ["q", "r"]
+    st.close()
+
+
+def test_a_bad_durability_level_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(StoreError) as e:
+        Store(f"sqlite:///{tmp_path / 'd.db'}?synchronous=sometimes")
+    assert "synchronous must be one of off, normal, full, extra, got 'sometimes'" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_history_reads_only_what_changed_and_equals_the_database(db_url: str) -> None:
+    a, b = Store(db_url), Store(db_url)  # b: another process's view, with its own cache
+    cache = a.history_cache
+    _turn(a, "q1", "r1")
+    assert _same_as_database(a) == ["q1", "r1"]
+    full = cache.full
+    for i in range(2, 8):  # a 7-turn session: after the first read, only new rows are read
+        _turn(a, f"q{i}", f"r{i}")
+        assert _same_as_database(a)[-2:] == [f"q{i}", f"r{i}"]
+    assert cache.full == full and cache.partial >= 6
+    hits = cache.hits
+    a.turn_state("s")  # nothing changed: not a single message row is read
+    assert cache.hits == hits + 1
+    _turn(b, "q8", "r8")  # another writer appends
+    assert _same_as_database(a)[-2:] == ["q8", "r8"]
+    assert cache.full == full
+    # another writer rewrites the history to the same length: everything is read again
+    msgs = b.messages("s")
+    b.commit_turn("s", [NewMessage(m.role, m.content + "!", m.token_ids, m.token_count)
+                        for m in msgs], EV, temperature=0.5, window_start=0,
+                  replace_history=True)
+    assert _same_as_database(a)[-1] == "r8!" and cache.full == full + 1
+    b.clear_history("s")
+    assert _same_as_database(a) == []
+    b.append_messages("s", [NewMessage("user", "again", None, 1)])
+    assert _same_as_database(a) == ["again"]
+    b.delete_session("s")
+    assert a.turn_state("s") is None and len(cache) == 0
+    a.close()
+    b.close()
