@@ -16,7 +16,8 @@ a fraction of the matmul rate (model FLOPs / prefill time), and its decode as a 
 copy bandwidth (bytes of weights and KV read per token / decode time). ``limits`` also holds
 the bandwidth limit of one decode step (``bandwidth_limit_ms``: weight bytes / copy bandwidth)
 and the torch model runner's batch-1 and batch-4 decode step against it
-(``runner_decode_ms_per_token_b1``/``_b4``, ``runner_ratio_b1``/``_b4``).
+(``runner_decode_ms_per_token_b1``/``_b4``, ``runner_ratio_b1``/``_b4``, at the top thread count;
+``runner_by_threads`` has them at every thread count measured).
 """
 
 from __future__ import annotations
@@ -238,7 +239,13 @@ def run_engines(prompt_tokens: int = 1500, decode_tokens: int = 64, model: str =
         set_threads(counts[-1])
         limits = measure_limits()
         limits.update(model_costs(path, len(prompt)))
-        limits.update(decode_limits(path, limits["copy_bytes_per_s"], limit_steps))
+        runner_by_threads: dict[str, dict[str, float]] = {}
+        for t in counts:  # the runner's decode steps at each thread count, the top one last
+            set_threads(t)
+            runner_by_threads[str(t)] = decode_limits(path, limits["copy_bytes_per_s"],
+                                                      limit_steps)
+        limits.update(runner_by_threads[str(counts[-1])])
+        limits["runner_by_threads"] = runner_by_threads  # type: ignore[assignment]
         by_threads = {str(t): _measure_at(t, engines, model, path, prompt, decode_tokens,
                                           repeats) for t in counts}
     out = by_threads[str(counts[-1])]
@@ -352,9 +359,13 @@ def _print(console: Any, result: dict[str, Any]) -> None:
     console.print(f"limits: bf16 matmul {lim['bf16_matmul_flops_per_s'] / 1e9:.0f} GFLOP/s, "
                   f"copy {lim['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
                   f"{int(lim['threads'])} threads; decode limit "
-                  f"{lim['bandwidth_limit_ms']:.1f} ms/step, runner batch 1 "
-                  f"{lim['runner_decode_ms_per_token_b1']:.1f} ms, batch 4 "
-                  f"{lim['runner_decode_ms_per_token_b4']:.1f} ms")
+                  f"{lim['bandwidth_limit_ms']:.1f} ms/step")
+    for t, r in lim.get("runner_by_threads", {}).items():
+        console.print(f"  runner decode at {t} thread(s): batch 1 "
+                      f"{r['runner_decode_ms_per_token_b1']:.1f} ms "
+                      f"({r['runner_ratio_b1']:.2f}x the limit), batch 4 "
+                      f"{r['runner_decode_ms_per_token_b4']:.1f} ms per step "
+                      f"({r['runner_ratio_b4']:.2f}x)")
     console.print(f"median of {result['repeats']} interleaved rounds; load "
                   f"{result['load_avg']['before']} -> {result['load_avg']['after']}"
                   + ("; [red]NOISY: do not publish[/]" if result["noisy"] else ""))

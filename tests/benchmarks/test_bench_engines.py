@@ -50,6 +50,9 @@ def test_run_engines_torch_only_interleaved_at_two_thread_counts() -> None:
         lim["weights_bytes"] / lim["copy_bytes_per_s"] * 1e3)
     assert lim["runner_decode_ms_per_token_b1"] > lim["bandwidth_limit_ms"]
     assert lim["runner_ratio_b4"] > 0
+    assert set(lim["runner_by_threads"]) == {"1", "2"}
+    assert lim["runner_by_threads"]["2"]["runner_ratio_b1"] == lim["runner_ratio_b1"]
+    assert lim["runner_by_threads"]["1"]["runner_decode_ms_per_token_b1"] > 0
     assert out["targets"]["warm_over_cold"] == t["warm_ttft_s"] / t["prefill_s"]
     assert isinstance(out["noisy"], bool) and out["commit"]
     assert out["matmul_gflops"]["before"] > 0 and len(out["load_avg"]["after"]) == 3

@@ -18,7 +18,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,19 +27,20 @@ from suffixmem.config import EngineConfig
 from suffixmem.detokenizer import Detokenizer
 from suffixmem.engine.base import BaseEngine
 from suffixmem.engine.isolation import SCOPES, IsolationPolicy
-from suffixmem.engine.kv_tier import KVTier
 from suffixmem.engine.protocol import (
     EngineStats,
     Request,
     Result,
-    SamplingParams,
     TokenEvent,
 )
 from suffixmem.engine.torch.block_pool import BlockPool
+from suffixmem.engine.torch.extension import TorchExtensionAPI
 from suffixmem.engine.torch.kv_pool import KVPool, torch_dtype
 from suffixmem.engine.torch.llama import Llama, read_config
-from suffixmem.engine.torch.model_runner import ModelRunner, RunOutput, SeqInput
+from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
+from suffixmem.engine.torch.prefill import chunk_prefill
 from suffixmem.engine.torch.reuse_hook import ReuseHook, ReuseOutcome
+from suffixmem.engine.torch.sampling import sample_token
 from suffixmem.engine.torch.scheduler import Scheduler
 from suffixmem.engine.torch.sequence import SeqStatus, Sequence
 from suffixmem.engine.torch.tier_hook import TorchTier
@@ -54,12 +54,13 @@ DEFAULT_BLOCK_SIZE = 16
 DEFAULT_PREFILL_CHUNK = 4096
 
 
-class TorchEngine(BaseEngine):
+class TorchEngine(TorchExtensionAPI, BaseEngine):
     """Paged-KV Llama engine in plain torch (see the module docstring).
 
     Public attributes for extensions (segment reuse), all owned by the driver thread:
     ``model`` (``Llama``), ``runner`` (``ModelRunner``), ``kv_pool`` (``KVPool``),
-    ``block_pool`` (``BlockPool``), ``block_size``, ``scheduler``, ``reuse``.
+    ``block_pool`` (``BlockPool``), ``block_size``, ``scheduler``, ``reuse``; the methods of
+    ``extension.TorchExtensionAPI``.
     """
 
     name = "torch"
@@ -85,26 +86,25 @@ class TorchEngine(BaseEngine):
                 f"max_model_len {config.max_model_len} exceeds the model's context of "
                 f"{mc.max_position_embeddings} tokens"
             )
+        per_block = KVPool.check_budget(config.kv_cache_gib, mc.num_layers, mc.num_kv_heads,
+                                        mc.head_dim, self.block_size, self.dtype,
+                                        config.max_model_len)
         budget = int(config.kv_cache_gib * (1 << 30))
-        per_block = KVPool.bytes_per_block(mc.num_layers, mc.num_kv_heads, mc.head_dim,
-                                           self.block_size, self.dtype)
-        need_blocks = -(-config.max_model_len // self.block_size)
-        if budget // per_block < need_blocks:
-            need_gib = need_blocks * per_block / (1 << 30)
-            raise ConfigError(
-                f"kv_cache_gib={config.kv_cache_gib} holds {budget // per_block} blocks of "
-                f"{self.block_size} tokens, fewer than one request of max_model_len="
-                f"{config.max_model_len} tokens needs ({need_blocks}); raise kv_cache_gib to "
-                f">= {need_gib:.4f} or lower max_model_len"
-            )
         self._load_tokenizer(self.model_path)
         self.stop_token_ids = self._stop_token_ids()
         self.model = Llama.from_pretrained(self.model_path, self.dtype)
         self.kv_pool = KVPool.from_budget(budget, mc.num_layers, mc.num_kv_heads, mc.head_dim,
                                           self.block_size, self.dtype)
         self.block_pool = BlockPool(self.kv_pool.num_blocks, self.block_size)
-        self.runner = ModelRunner(self.model, self.kv_pool, config.max_model_len,
-                                  exact_decode=bool(config.extra.get("exact_decode", False)))
+        mirror_gib = config.extra.get("decode_mirror_gib")
+        if mirror_gib is not None and (isinstance(mirror_gib, bool) or not isinstance(
+                mirror_gib, int | float) or not mirror_gib >= 0):
+            raise ConfigError(f"extra.decode_mirror_gib must be a number >= 0 (GiB), got "
+                              f"{mirror_gib!r}")
+        self.runner = ModelRunner(
+            self.model, self.kv_pool, config.max_model_len,
+            exact_decode=bool(config.extra.get("exact_decode", False)),
+            mirror_bytes=None if mirror_gib is None else int(mirror_gib * (1 << 30)))
         self.prefill_chunk = config.max_num_batched_tokens or DEFAULT_PREFILL_CHUNK
         self.scheduler = Scheduler(self.block_pool, config.max_num_seqs, self.prefill_chunk,
                                    config.enable_prefix_caching)
@@ -169,34 +169,6 @@ class TorchEngine(BaseEngine):
                 if isinstance(item, Result):
                     flight.finish()
                 yield item
-
-    # -- extension API (driver thread: call from a reuse hook or through run_in_driver) ---------
-    def slots(self, seq: Sequence, positions: Seq[int]) -> list[int]:
-        """KV slots of ``positions`` of ``seq`` (which must own blocks covering them)."""
-        return self.runner.slots(seq.block_table, positions)
-
-    def read_kv(self, seq: Sequence, positions: Seq[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``seq``'s K and V at ``positions``: two ``[L, N, KV, D]`` copies (keys rotated to
-        their positions)."""
-        return self.kv_pool.read(torch.tensor(self.slots(seq, positions), dtype=torch.long))
-
-    def write_kv(self, seq: Sequence, positions: Seq[int], k: torch.Tensor,
-                 v: torch.Tensor) -> None:
-        """Store ``k, v [L, N, KV, D]`` (keys already rotated to ``positions``) in ``seq``."""
-        self.kv_pool.write_all(torch.tensor(self.slots(seq, positions), dtype=torch.long), k, v)
-
-    def run_forward(self, inputs: Seq[SeqInput], entropy_layers: Seq[int] = ()) -> RunOutput:
-        """The runner's generic forward (see ``ModelRunner.forward``)."""
-        return self.runner.forward(inputs, entropy_layers)
-
-    @property
-    def kv_tier(self) -> KVTier | None:
-        """The engine's ``KVTier`` (None without ``EngineConfig.kv_tier``)."""
-        return self.tier.tier if self.tier is not None else None
-
-    def reset_prefix_cache(self) -> int:
-        """Forget every cached block not in use; returns how many."""
-        return self.run_in_driver(lambda e: e.block_pool.reset())
 
     def stats(self) -> EngineStats:
         s = super().stats()
@@ -284,38 +256,11 @@ class TorchEngine(BaseEngine):
                     self._fail(seq, e)
 
     def _run_prefill(self, seqs: list[Sequence]) -> None:
-        # chunks of at most prefill_chunk tokens; a sequence's chunk wants logits only when it
-        # ends the sequence's pending positions
-        rows: list[Sequence] = []
+        rows: list[Sequence] = []  # the sequences whose logits come back, in order
         logits: list[torch.Tensor] = []
-        inputs: list[SeqInput] = []
-        owners: list[Sequence] = []
-        room = self.prefill_chunk
-
-        def flush() -> None:
-            nonlocal inputs, owners, room
-            if inputs:
-                out = self.runner.forward(inputs)
-                wanted = [o for o, i in zip(owners, inputs, strict=True) if i.want_logits]
-                rows.extend(wanted)
-                logits.append(out.logits)
-            inputs, owners, room = [], [], self.prefill_chunk
-
-        for seq in seqs:
-            pending = seq.pending
-            at = 0
-            while at < len(pending):
-                take = pending[at:at + room]
-                at += len(take)
-                inputs.append(SeqInput(
-                    token_ids=[seq.token_ids[p] for p in take], positions=take,
-                    block_table=seq.block_table, context_len=take[-1] + 1,
-                    want_logits=at == len(pending)))
-                owners.append(seq)
-                room -= len(take)
-                if room == 0:
-                    flush()
-        flush()
+        for call in chunk_prefill(seqs, self.prefill_chunk):
+            logits.append(self.runner.forward([inp for _, inp in call]).logits)
+            rows.extend(seq for seq, inp in call if inp.want_logits)
         all_logits = torch.cat(logits) if len(logits) > 1 else logits[0]
         failed: set[str] = set()
         for seq in seqs:
@@ -419,21 +364,7 @@ class TorchEngine(BaseEngine):
         rest = seq.detok.flush()
         if rest:
             self._deliver(seq.seq_id, TokenEvent(-1, rest, seq.num_output_tokens))
-        now = time.perf_counter()
-        self._deliver(seq.seq_id, Result(
-            text=seq.detok.text,
-            token_ids=tuple(seq.output_ids),
-            finish_reason=reason,  # type: ignore[arg-type]
-            prompt_tokens=seq.num_prompt_tokens,
-            cached_tokens=seq.num_cached_tokens + seq.reused_segment_tokens,
-            ttft_s=(seq.t_first_token or now) - seq.t_submit,
-            latency_s=now - seq.t_submit,
-            request_id=seq.seq_id,
-            session_key=seq.request.session_key,
-            reused_segment_tokens=seq.reused_segment_tokens,
-            recomputed_tokens=seq.recomputed_tokens,
-            reused_segments=seq.reused_segments,
-        ))
+        self._deliver(seq.seq_id, seq.result(reason, time.perf_counter()))
 
     def _fail(self, seq: Sequence, error: Exception) -> None:
         if seq.status is not SeqStatus.FINISHED or seq.block_table:
@@ -442,21 +373,6 @@ class TorchEngine(BaseEngine):
         self._deliver(seq.seq_id, error)
 
     # -- closing --------------------------------------------------------------------------------
-    def release_session(self, session_key: str) -> int:
-        """Drop the session's cached segments (a topic jump, the end of a session); returns how
-        many. Prefix blocks stay: they are salted by session and simply age out of the LRU."""
-        release = getattr(self.reuse, "release_session", None)
-        return int(release(session_key)) if release is not None else 0
-
-    def delete_session_kv(self, session_key: str) -> int:
-        """Forget everything the engine keeps of a deleted session: its cached prefix blocks
-        and its KV tier files. Returns the tier files removed."""
-        self.release_session(session_key)
-        if self.tier is None:
-            return 0
-        tier = self.tier
-        return self.run_in_driver(lambda e: tier.delete_session(session_key))
-
     def _shutdown(self) -> None:
         # the driver has stopped: this thread owns the pools now
         if self.tier is not None:
@@ -464,24 +380,3 @@ class TorchEngine(BaseEngine):
                 self.tier.flush()
             except OSError:
                 log.warning("KV tier flush at close failed", exc_info=True)
-
-
-def sample_token(logits: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:
-    """Sample from ``logits [V]`` with temperature, top-k and top-p (nucleus)."""
-    if s.top_k == 1:
-        return int(logits.argmax())  # top-1 sampling is greedy (ties: the lowest id, as argmax)
-    x = logits.float() / max(s.temperature, 1e-5)
-    if s.top_k > 0 and s.top_k < x.shape[-1]:
-        # exactly k candidates, even when bf16 logits tie at the k-th value
-        keep = torch.zeros_like(x, dtype=torch.bool).scatter_(0, torch.topk(x, s.top_k).indices,
-                                                              True)
-        x = x.masked_fill(~keep, float("-inf"))
-    if s.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        # drop a token when the tokens before it already reach top_p (the first always stays)
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= s.top_p
-        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-        x = torch.full_like(x, float("-inf")).scatter(0, order, sorted_x)
-    probs = torch.softmax(x, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -47,6 +47,12 @@ class KVPool:
         # zeros, not empty: padded decode reads unused rows (masked out) and 0 * NaN would leak
         self.k = torch.zeros(shape, dtype=dtype)
         self.v = torch.zeros(shape, dtype=dtype)
+        # per-layer views [slots, KV, D], made once: the decode loop writes through them
+        self.k_layers = list(self.k.unbind(0))
+        self.v_layers = list(self.v.unbind(0))
+        # bumped by write / write_all, so that copies of pool rows (the decode mirror) can tell
+        # that someone else wrote (direct writes to ``k``/``v`` must call ``touch``)
+        self.version = 0
 
     @staticmethod
     def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
@@ -54,6 +60,25 @@ class KVPool:
         """K and V of one block over all layers, in bytes."""
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    @classmethod
+    def check_budget(cls, kv_cache_gib: float, num_layers: int, num_kv_heads: int,
+                     head_dim: int, block_size: int, dtype: torch.dtype,
+                     max_model_len: int) -> int:
+        """Bytes per block, after checking that ``kv_cache_gib`` GiB hold one request of
+        ``max_model_len`` tokens; otherwise a ``ConfigError`` saying what to raise or lower."""
+        budget = int(kv_cache_gib * (1 << 30))
+        per_block = cls.bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, dtype)
+        need_blocks = -(-max_model_len // block_size)
+        if budget // per_block < need_blocks:
+            need_gib = need_blocks * per_block / (1 << 30)
+            raise ConfigError(
+                f"kv_cache_gib={kv_cache_gib} holds {budget // per_block} blocks of "
+                f"{block_size} tokens, fewer than one request of max_model_len="
+                f"{max_model_len} tokens needs ({need_blocks}); raise kv_cache_gib to "
+                f">= {need_gib:.4f} or lower max_model_len"
+            )
+        return per_block
 
     @classmethod
     def from_budget(cls, budget_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -84,8 +109,13 @@ class KVPool:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k, v [N, KV, D]`` of layer ``layer`` at ``slots [N]``."""
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        self.k_layers[layer].index_copy_(0, slots, k)
+        self.v_layers[layer].index_copy_(0, slots, v)
+        self.version += 1
+
+    def touch(self) -> None:
+        """Record a write made directly to ``k``/``v`` (see ``version``)."""
+        self.version += 1
 
     def gather(self, layer: int, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s K and V of whole blocks, copied block by block.
@@ -107,3 +137,4 @@ class KVPool:
         """Store all layers' ``k, v [L, N, KV, D]`` at ``slots [N]``."""
         self.k.index_copy_(1, slots, k.to(self.dtype))
         self.v.index_copy_(1, slots, v.to(self.dtype))
+        self.version += 1

@@ -33,8 +33,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from suffixmem.engine.torch.linear import Linear, PackedLinears
 from suffixmem.engine.torch.rope import cos_sin, rope_signed, signed_sin
 from suffixmem.errors import ModelError
+
+__all__ = [
+    "LayerLinears", "LayerWeights", "Llama", "ModelConfig", "PackedLinears", "read_config",
+    "rms_norm",
+]
 
 SMALL_QUERY = 32  # up to this many queries, attention uses explicit batched matmuls
 
@@ -119,51 +125,24 @@ class LayerWeights:
     w_down: torch.Tensor  # [E, I]
 
 
-class PackedLinears:
-    """oneDNN-prepacked copies of bf16 weights, for ``x @ w.T`` on CPU.
-
-    ``torch.ops.mkldnn._linear_pointwise`` on a weight reordered once reads it ~2x faster than
-    ``F.linear`` for the few-row products of decoding (and a little faster for prefill), with
-    bit-identical bf16 results (checked on each weight at load; any mismatch or missing op and
-    that weight stays on ``F.linear``). fp32 weights are never packed: oneDNN's fp32 kernels
-    round differently from MKL's, and fp32 is the reference mode.
-    """
-
-    def __init__(self) -> None:
-        self._packed: dict[int, Any] = {}
-
-    def pack(self, w: torch.Tensor) -> None:
-        if w.dtype != torch.bfloat16 or w.device.type != "cpu":
-            return
-        try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
-            probe = torch.randn(3, w.shape[1], dtype=w.dtype)
-            same = torch.equal(self._call(probe, packed), F.linear(probe, w))
-        except (RuntimeError, AttributeError):  # no oneDNN or no bf16 support on this CPU
-            return
-        if same:
-            self._packed[id(w)] = packed
-
-    @staticmethod
-    def _call(x: torch.Tensor, packed: Any) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
-
-    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``F.linear(x [N, in], w [out, in])``, through the packed copy when there is one."""
-        packed = self._packed.get(id(w))
-        return F.linear(x, w) if packed is None else self._call(x.contiguous(), packed)
-
-    def __len__(self) -> int:
-        return len(self._packed)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm: normalise in fp32, cast back, then scale. The same operations
     (bit-identical results), in place where that saves an allocation: it runs twice per layer
-    per decode step, where op overhead dominates."""
+    per decode step, where op overhead dominates. (``torch.rms_norm`` is one call, but its CPU
+    kernel rounds differently in bf16: not bit-identical, tested on torch 2.13.)"""
     xf = x.to(torch.float32)
     scaled = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True).add_(eps))
     return scaled.to(x.dtype).mul_(weight)
+
+
+@dataclass(slots=True, frozen=True)
+class LayerLinears:
+    """One layer's projections bound to their weights (``PackedLinears.bind``)."""
+
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
 
 
 class Llama:
@@ -184,6 +163,11 @@ class Llama:
             for t in (w.w_qkv, w.w_o, w.w_gate_up, w.w_down):
                 self.linear.pack(t)
         self.linear.pack(self.lm_head)
+        # the same products as one-argument functions, for the decode loop (decode.py)
+        self.bound = [LayerLinears(self.linear.bind(w.w_qkv), self.linear.bind(w.w_o),
+                                   self.linear.bind(w.w_gate_up), self.linear.bind(w.w_down))
+                      for w in self.layers]
+        self.lm_head_linear = self.linear.bind(self.lm_head)
 
     # -- loading --------------------------------------------------------------------------------
     @classmethod

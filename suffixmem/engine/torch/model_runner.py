@@ -7,13 +7,13 @@ the runner writes the new tokens' K/V into their slots, then each sequence's tok
 the whole context gathered from its blocks, causally by position. Every context position must
 already hold K/V (cached prefix, reused segment) or be computed in this call.
 
-Decode steps (one token per sequence, at the end of its context) take a batched path: the
-sequences' blocks are gathered into one padded ``[B, T, KV, D]`` tensor per layer and one SDPA
-call with a padding mask serves them all. That call packs the query heads that share a KV head
-as rows (an MQA-shaped call): on CPU it is ~8x faster than ``enable_gqa`` with one query row,
-but its bf16 rounding differs from transformers' decode in the last bit. ``exact_decode=True``
-makes the same per-sequence ``enable_gqa`` call as transformers (bit-identical bf16 greedy
-decoding, slower attention).
+Decode steps (one token per sequence, at the end of its context) run in ``decode.Decoder``: one
+batched forward whose attention reads each sequence's context from a view of the pool, from a
+contiguous copy kept across steps, or from per-layer gathers (see ``decode.py``). That call packs
+the query heads that share a KV head as rows (an MQA-shaped call): on CPU it is ~8x faster than
+``enable_gqa`` with one query row, but its bf16 rounding differs from transformers' decode in
+the last bit. ``exact_decode=True`` makes the same per-sequence ``enable_gqa`` call as
+transformers (bit-identical bf16 greedy decoding, slower attention).
 
 ``measure_decode`` times decode steps at batch 1 and 4 against the weight-reading limit (the
 figures ``bench engines`` reports).
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from suffixmem.engine.torch.decode import Decoder
 from suffixmem.engine.torch.kv_pool import KVPool
 from suffixmem.engine.torch.llama import Llama
 from suffixmem.engine.torch.rope import RopeTable
@@ -64,13 +64,15 @@ class ModelRunner:
     """Runs ``Llama`` over a ``KVPool``. Owned by one thread (the engine's driver)."""
 
     def __init__(self, model: Llama, kv_pool: KVPool, max_positions: int,
-                 exact_decode: bool = False) -> None:
+                 exact_decode: bool = False, mirror_bytes: int | None = None) -> None:
         self.model = model
         self.exact_decode = exact_decode
         self.kv_pool = kv_pool
         self.block_size = kv_pool.block_size
         self.rope = RopeTable(model.config.head_dim, model.config.rope_theta, max_positions,
                               model.dtype)
+        self.decoder = Decoder(model, kv_pool, self.rope, exact_decode, mirror_bytes,
+                               max_positions)
 
     def slots(self, block_table: Sequence[int], positions: Sequence[int]) -> list[int]:
         """KV slot of each position of a sequence that owns ``block_table``."""
@@ -92,7 +94,12 @@ class ModelRunner:
         decode = not entropy_layers and all(
             len(s.token_ids) == 1 and s.positions[0] == s.context_len - 1 for s in inputs)
         if decode:
-            return RunOutput(self._decode(inputs))
+            return RunOutput(self.decoder.step([s.token_ids[0] for s in inputs],
+                                               [s.block_table for s in inputs],
+                                               [s.context_len for s in inputs]))
+        # a prefill writes the pool: the decode mirror would have to re-check it anyway, and
+        # its memory is better free while the batch changes
+        self.decoder.mirror.invalidate()
         return self._prefill(inputs, entropy_layers)
 
     # -- generic (prefill) path -----------------------------------------------------------------
@@ -138,55 +145,6 @@ class ModelRunner:
         rows = [b - 1 for (_, b), s in zip(bounds, inputs, strict=True) if s.want_logits]
         logits = m.logits(h[rows]).float() if rows else h.new_zeros((0, m.config.vocab_size))
         return RunOutput(logits, {i: torch.cat(e) for i, e in entropy.items()})
-
-    # -- batched decode -------------------------------------------------------------------------
-    def _decode(self, inputs: Sequence[SeqInput]) -> torch.Tensor:
-        m, pool, bs = self.model, self.kv_pool, self.block_size
-        c = m.config
-        nb = max(-(-s.context_len // bs) for s in inputs)
-        batch = len(inputs)
-        ids = torch.tensor([s.token_ids[0] for s in inputs], dtype=torch.long)
-        positions = torch.tensor([s.positions[0] for s in inputs], dtype=torch.long)
-        slots = torch.tensor([self.slots(s.block_table, s.positions)[0] for s in inputs],
-                             dtype=torch.long)
-        # padded block tables: pad with block 0, whose rows the mask hides
-        table = torch.tensor([list(s.block_table[:nb]) + [0] * (nb - len(s.block_table[:nb]))
-                              for s in inputs], dtype=torch.long)  # [B, nb]
-        ctx = max(s.context_len for s in inputs)
-        mask = None
-        if any(s.context_len != ctx for s in inputs):
-            lens = torch.tensor([s.context_len for s in inputs])
-            mask = (torch.arange(ctx)[None, :] < lens[:, None])[:, None, None, :]  # [B,1,1,T]
-        # one sequence whose blocks are consecutive in the pool (the usual case: the block pool
-        # hands out never-used blocks in order, one at a time as a sequence grows) attends over
-        # a view of the pool: no per-layer gather, no copy of the whole context per token
-        first = inputs[0].block_table[0]
-        view_from = first * bs if batch == 1 and list(inputs[0].block_table[:nb]) == list(
-            range(first, first + nb)) else None
-        rope = self.rope.lookup(positions)
-        h = m.embed(ids)
-        for layer in range(c.num_layers):
-            q, k, v = m.qkv(layer, h, rope=rope)
-            pool.write(layer, slots, k, v)
-            if view_from is not None:
-                kc = pool.k[layer, view_from:view_from + ctx][None]  # [1, T, KV, D]
-                vc = pool.v[layer, view_from:view_from + ctx][None]
-            else:
-                kc, vc = pool.gather(layer, table)  # [B, nb*bs, KV, D]
-                kc, vc = kc[:, :ctx], vc[:, :ctx]
-            kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)  # [B, KV, T, D]
-            if self.exact_decode:
-                out = torch.cat([F.scaled_dot_product_attention(
-                    q[b][:, None, :][None],  # [1, H, 1, D]
-                    kc[b:b + 1, :, :s.context_len], vc[b:b + 1, :, :s.context_len],
-                    enable_gqa=True).reshape(1, -1) for b, s in enumerate(inputs)])
-            else:
-                # the query heads of one KV head become rows of an MQA-shaped call
-                qp = q.reshape(batch, c.num_kv_heads, c.n_rep, c.head_dim)
-                out = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=mask)
-            h = m.finish(layer, h, out.reshape(batch, c.num_heads * c.head_dim))
-        return m.logits(h).float()
-
 
 # -- decode speed against the memory-bandwidth limit -----------------------------------------------
 def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:

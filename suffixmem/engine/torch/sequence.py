@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from suffixmem.engine.protocol import Request
+from suffixmem.engine.protocol import Request, Result
 from suffixmem.engine.torch.block_pool import BlockHash
 
 
@@ -74,3 +74,20 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    def result(self, finish_reason: str, now: float) -> Result:
+        """The ``Result`` of this finished sequence at time ``now`` (``perf_counter``)."""
+        return Result(
+            text=self.detok.text,
+            token_ids=tuple(self.output_ids),
+            finish_reason=finish_reason,  # type: ignore[arg-type]
+            prompt_tokens=self.num_prompt_tokens,
+            cached_tokens=self.num_cached_tokens + self.reused_segment_tokens,
+            ttft_s=(self.t_first_token or now) - self.t_submit,
+            latency_s=now - self.t_submit,
+            request_id=self.seq_id,
+            session_key=self.request.session_key,
+            reused_segment_tokens=self.reused_segment_tokens,
+            recomputed_tokens=self.recomputed_tokens,
+            reused_segments=self.reused_segments,
+        )

@@ -42,6 +42,27 @@ def build_tiny(seed: int = 0, **overrides: Any) -> tuple[Any, Any]:
     return hf, ours
 
 
+def state_of(model: Any) -> dict[str, torch.Tensor]:
+    """transformers parameter names for our model's weights (to rebuild it in another dtype:
+    ``Llama.from_state_dict(model.config, state_of(model), torch.bfloat16)``)."""
+    c = model.config
+    state = {"model.embed_tokens.weight": model.embed_tokens, "model.norm.weight": model.norm,
+             "lm_head.weight": model.lm_head}
+    q, k = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    for i, w in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        state[p + "input_layernorm.weight"] = w.input_norm
+        state[p + "post_attention_layernorm.weight"] = w.post_norm
+        state[p + "self_attn.q_proj.weight"] = w.w_qkv[:q]
+        state[p + "self_attn.k_proj.weight"] = w.w_qkv[q:q + k]
+        state[p + "self_attn.v_proj.weight"] = w.w_qkv[q + k:]
+        state[p + "self_attn.o_proj.weight"] = w.w_o
+        state[p + "mlp.gate_proj.weight"] = w.w_gate_up[:c.intermediate_size]
+        state[p + "mlp.up_proj.weight"] = w.w_gate_up[c.intermediate_size:]
+        state[p + "mlp.down_proj.weight"] = w.w_down
+    return state
+
+
 @pytest.fixture(scope="session")
 def make_tiny() -> Callable[..., tuple[Any, Any]]:
     """``make_tiny(seed=0, **llama_config_overrides) -> (hf_model, our_llama)``."""

@@ -11,6 +11,7 @@ from suffixmem.engine.torch.kv_pool import KVPool, torch_dtype
 from suffixmem.engine.torch.llama import Llama
 from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput, measure_decode
 from suffixmem.errors import ConfigError
+from tests.engine.torch.conftest import state_of
 
 BS = 4
 TOL = 1e-5
@@ -79,7 +80,7 @@ def test_single_sequence_decode_over_pool_view_equals_gathered(tiny: Any,
     over a gathered copy: the same logits bit for bit, and (fp32) the dense forward's."""
     _, model = tiny
     if dtype != torch.float32:  # bf16 weights: the oneDNN-packed linears are used
-        model = Llama.from_state_dict(model.config, _state_of(model), dtype)
+        model = Llama.from_state_dict(model.config, state_of(model), dtype)
     ids = torch.randint(0, 256, (30,)).tolist()
     runs = {}
     for name, table in (("view", list(range(5, 13))), ("gather", scattered_table(8, 3))):
@@ -93,26 +94,6 @@ def test_single_sequence_decode_over_pool_view_equals_gathered(tiny: Any,
     if dtype == torch.float32:
         dense = model.forward(torch.tensor(ids))[17:30]
         assert (runs["view"] - dense).abs().max().item() <= TOL
-
-
-def _state_of(model: Llama) -> dict[str, torch.Tensor]:
-    """transformers parameter names for our model's weights (to rebuild it in another dtype)."""
-    c = model.config
-    state = {"model.embed_tokens.weight": model.embed_tokens, "model.norm.weight": model.norm,
-             "lm_head.weight": model.lm_head}
-    q, k = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    for i, w in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        state[p + "input_layernorm.weight"] = w.input_norm
-        state[p + "post_attention_layernorm.weight"] = w.post_norm
-        state[p + "self_attn.q_proj.weight"] = w.w_qkv[:q]
-        state[p + "self_attn.k_proj.weight"] = w.w_qkv[q:q + k]
-        state[p + "self_attn.v_proj.weight"] = w.w_qkv[q + k:]
-        state[p + "self_attn.o_proj.weight"] = w.w_o
-        state[p + "mlp.gate_proj.weight"] = w.w_gate_up[:c.intermediate_size]
-        state[p + "mlp.up_proj.weight"] = w.w_gate_up[c.intermediate_size:]
-        state[p + "mlp.down_proj.weight"] = w.w_down
-    return state
 
 
 def test_measure_decode_reports_against_the_limit(tiny: Any) -> None:
