@@ -91,34 +91,9 @@ def usage_recorder() -> Iterator[Any]:
         dispatcher.event_handlers.remove(recorder)
 
 
-@pytest.fixture
-def pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database (URL) for one test, dropped afterwards (a fresh name, so the
-    process-wide managers of ``suffixmem.runtime``, cached per URL, never see a reused one);
-    skips when ``SUFFIXMEM_TEST_PG_URL`` is not set."""
-    base = os.environ.get("SUFFIXMEM_TEST_PG_URL")
-    if not base:
-        pytest.skip("SUFFIXMEM_TEST_PG_URL is not set (scripts/postgres prints one)")
-    import uuid
-
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"suffixmem_int_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def any_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh database on SQLite, then on PostgreSQL."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'any.db'}"
-    return str(request.getfixturevalue("pg_database"))
+    return str(request.getfixturevalue("fresh_pg_database"))
