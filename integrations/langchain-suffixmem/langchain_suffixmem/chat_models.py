@@ -154,7 +154,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if schema is not None and not self.supports_json_schema:
             raise NotImplementedError(
                 f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so tool "
-                "calling is not supported by this engine; use the 'vllm' engine")
+                "calling is not supported by this engine; use the 'vllm' engine (or install "
+                "xgrammar for the 'torch' engine)")
         return tools, schema, kwargs
 
     @staticmethod
@@ -276,7 +277,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if not self.supports_json_schema:
             raise NotImplementedError(
                 f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so "
-                "bind_tools is not supported by this engine; use the 'vllm' engine")
+                "bind_tools is not supported by this engine; use the 'vllm' engine (or "
+                "install xgrammar for the 'torch' engine)")
         formatted = openai_tools(tools)
         tool_schema(formatted, tool_choice)  # a bad tool_choice fails here, not at the call
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
@@ -312,7 +314,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if not self.supports_json_schema:
             raise NotImplementedError(
                 f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so "
-                "with_structured_output is not available; use the 'vllm' engine"
+                "with_structured_output is not available; use the 'vllm' engine (or install "
+                "xgrammar for the 'torch' engine)"
             )
         if schema is None:
             if method != "json_mode":
