@@ -30,6 +30,14 @@ def _default_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         os.environ["SUFFIXMEM_DATABASE_URL"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_started_engines() -> Iterator[None]:
+    """Engines the tests started through the registry and left there (a per-call model override
+    starts one of its own) are closed at the end of the run, after the fixtures' own."""
+    yield
+    runtime.close_all()
+
+
 @pytest.fixture(scope="session")
 def shared_engine(vllm_engine: Any) -> Iterator[Any]:
     """The session's vLLM engine, registered as the one ``get_engine`` returns for
