@@ -180,8 +180,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         tools, schema, kwargs = self._tool_args(kwargs)
+        session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
         manager, model = self._call_manager(kwargs)
-        session_id, sampling = self._call_args(stop, kwargs)
         show = self._show_schema(sampling)  # structured output only: tools are in the system
         if schema is not None:
             sampling["json_schema"] = schema
@@ -209,8 +209,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         tools, schema, kwargs = self._tool_args(kwargs)
+        session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
         manager, model = self._call_manager(kwargs)
-        session_id, sampling = self._call_args(stop, kwargs)
         show = self._show_schema(sampling)
         if schema is not None:
             sampling["json_schema"] = schema

@@ -79,8 +79,8 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
 
     def _events(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]
                 ) -> tuple[Any, str]:
+        session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
         manager, model = self._call_manager(kwargs)
-        session_id, sampling = self._call_args(stop, kwargs)
         if self.chat_template:
             sent = [Message("user", prompt)]
             return manager.stream_complete(session_id, sent, **sampling), model
@@ -89,8 +89,8 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
 
     def _aevents(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]
                  ) -> tuple[Any, str]:
+        session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
         manager, model = self._call_manager(kwargs)
-        session_id, sampling = self._call_args(stop, kwargs)
         if self.chat_template:
             sent = [Message("user", prompt)]
             return manager.astream_complete(session_id, sent, **sampling), model
