@@ -132,13 +132,13 @@ def test_guided_and_free_requests_share_a_batch(torch_engine_fp32: Any) -> None:
     schema = reply_schema(TOOLS, "required")
     jobs = [(tool_messages("Convert 2 lb of flour to grams."), schema),
             ([Message("user", "Write one sentence about rivers.")], None)]
-    alone = [guided(e, f"mix-alone-{i}", m, s, max_tokens=40) for i, (m, s) in enumerate(jobs)]
+    alone = [guided(e, f"mix-alone-{i}", m, s, max_tokens=48) for i, (m, s) in enumerate(jobs)]
     barrier = threading.Barrier(len(jobs))
     together: dict[int, Result] = {}
 
     def worker(i: int) -> None:
         barrier.wait()
-        together[i] = guided(e, f"mix-together-{i}", jobs[i][0], jobs[i][1], max_tokens=40)
+        together[i] = guided(e, f"mix-together-{i}", jobs[i][0], jobs[i][1], max_tokens=48)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
     for t in threads:
@@ -153,8 +153,8 @@ QUESTIONS = ("What is 12 times 7?", "Convert 2 lb of flour to grams.",
              "Multiply 3 by 4, please.")
 
 
-@pytest.mark.parametrize("choice", [None, "required"])
-@pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.8, 1), (0.8, 2), (1.2, 3)])
+@pytest.mark.parametrize(("choice", "temperature", "seed"), [
+    (None, 0.0, None), ("required", 0.0, None), (None, 0.8, 1), ("required", 1.2, 2)])
 def test_tool_calls_always_parse_against_their_schema(torch_engine: Any, choice: str | None,
                                                       temperature: float, seed: int | None
                                                       ) -> None:
