@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adapter_setup import ENGINE_OPTIONS, TORCH_OPTIONS
+from adapter_setup import ENGINE_OPTIONS, MODEL_PARAMS, TORCH_OPTIONS, TORCH_PARAMS
 
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
@@ -54,6 +54,17 @@ def torch_engine() -> Iterator[Any]:
     yield engine
     runtime.unregister_engine(engine)
     engine.close()
+
+
+@pytest.fixture(params=[pytest.param("vllm", marks=pytest.mark.vllm), "torch"])
+def engine_params(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The adapters' parameters for each engine (``MODEL_PARAMS``, then ``TORCH_PARAMS``), its
+    shared engine started: a test using this runs on both engines."""
+    if request.param == "vllm":
+        request.getfixturevalue("shared_engine")
+        return dict(MODEL_PARAMS)
+    request.getfixturevalue("torch_engine")
+    return dict(TORCH_PARAMS)
 
 
 @pytest.fixture

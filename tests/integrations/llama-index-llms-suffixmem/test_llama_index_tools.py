@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import jsonschema
 import pytest
-from adapter_setup import MODEL_PARAMS, TORCH_PARAMS
+from adapter_setup import TORCH_PARAMS
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
@@ -36,16 +36,6 @@ SCHEMAS = {t.metadata.get_name(): t.metadata.get_parameters_dict() for t in TOOL
 class Loaf(BaseModel):
     name: str
     flour_grams: int
-
-
-@pytest.fixture(params=[pytest.param("vllm", marks=pytest.mark.vllm), "torch"])
-def engine_params(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The adapter's parameters for each engine (its shared engine started by the fixture)."""
-    if request.param == "vllm":
-        request.getfixturevalue("shared_engine")
-        return MODEL_PARAMS
-    request.getfixturevalue("torch_engine")
-    return TORCH_PARAMS
 
 
 def _llm(params: dict[str, Any], database_url: str, **kwargs: Any) -> SuffixMemLLM:
