@@ -87,26 +87,6 @@ class SuffixMemParams(BaseModel):
         SamplingParams(**self._call_args(None, {})[1])
         return self
 
-    # -- LangChain serialisation (dumpd / load): the configuration, never a live engine -------
-    @classmethod
-    def is_lc_serializable(cls) -> bool:
-        return True
-
-    @property
-    def lc_secrets(self) -> dict[str, str]:
-        # a database URL may hold a password: serialised as a reference to the environment
-        return {"database_url": "SUFFIXMEM_DATABASE_URL"}
-
-    @property
-    def lc_attributes(self) -> dict[str, Any]:
-        # ``engine`` is left out of pydantic's dump (it may be an object); a name travels
-        return {"engine": self.engine} if isinstance(self.engine, str) else {}
-
-    def to_json(self) -> Any:
-        if not isinstance(self.engine, str):
-            return self.to_json_not_implemented()  # type: ignore[attr-defined]
-        return super().to_json()  # type: ignore[misc]
-
     def get_manager(self) -> ConversationManager:
         """The shared manager (its engine started on first call)."""
         if self._manager is None:
