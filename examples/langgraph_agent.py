@@ -1,10 +1,12 @@
 """A LangGraph ReAct-style agent with a calculator tool, checkpointed in suffixmem's store.
 
-    .venv/bin/python examples/langgraph_agent.py [--thread math] [--database-url URL] [QUESTION]
+    .venv/bin/python examples/langgraph_agent.py [--thread math] [--engine vllm|torch]
+        [--database-url URL] [QUESTION]
 
 The graph: the model (tools bound) calls the calculator, the tool node runs it, the model reads
 the result and answers. Guided decoding makes every call well formed, even from the 135M default
-model; so that such a small model does not loop, this agent allows ``MAX_TOOL_CALLS`` calls
+model, on either engine (vLLM's structured outputs, or xgrammar in the torch engine); so that
+such a small model does not loop, this agent allows ``MAX_TOOL_CALLS`` calls
 (the first is required) and then asks for the answer. The thread id is the suffixmem session:
 the checkpoints (``SuffixMemSaver``) and the model's turns share it, so the model's second call
 reads its first step from the KV cache (printed: prompt tokens, of which cached). Run it again
@@ -95,13 +97,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--thread", default="langgraph-example")
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--engine", choices=["vllm", "torch"], default="vllm")
     parser.add_argument("--database-url", default=None, help="default: suffixmem's own")
     parser.add_argument("question", nargs="?", default="What is 23 * 19?")
     args = parser.parse_args()
 
     # one database for the model's turns and the checkpoints: the thread is the session
     database_url = args.database_url or default_database_url()
-    model = SuffixMemChatModel(max_tokens=args.max_tokens, temperature=0.0,
+    model = SuffixMemChatModel(engine=args.engine, max_tokens=args.max_tokens, temperature=0.0,
                                database_url=database_url)
     print("starting the engine...", file=sys.stderr, flush=True)
     model.get_manager()

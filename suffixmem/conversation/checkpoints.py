@@ -5,7 +5,8 @@ Contract: ``CheckpointStore(url)`` connects to the conversation database (the sa
 side by side) and upgrades its schema. Values arrive already serialised as ``(type, bytes)``
 pairs (the LangGraph saver owns serialisation; this module never imports LangGraph). Every
 method is one transaction; database failures raise ``StoreError`` with the URL's password
-masked.
+masked (``suffixmem.conversation.database.Database``: the same connect, migrate and
+transaction plumbing as the conversation ``Store``).
 
 - ``put`` stores a checkpoint and the channel values of its new versions (a value already stored
   at a version is kept: versions are immutable); re-putting a checkpoint id replaces it.
@@ -25,13 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
-from suffixmem.config import mask_url
-from suffixmem.conversation.database import make_engine, mask, reason, upgrade
+from suffixmem.conversation.database import Database
 from suffixmem.conversation.schema import CheckpointBlobRow, CheckpointRow, CheckpointWriteRow
-from suffixmem.errors import StoreError
 
 Typed = tuple[str, bytes]
 # serialised checkpoint -> its channel versions (the store cannot deserialise it itself)
@@ -63,29 +62,20 @@ class CheckpointStore:
     """LangGraph checkpoints in the suffixmem SQL database (see the module docstring)."""
 
     def __init__(self, url: str, *, migrate: bool = True) -> None:
-        self.url = mask_url(url)
-        self._raw_url = url
-        self.engine = make_engine(url)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        if migrate:
-            try:
-                upgrade(self.engine)
-            except StoreError:
-                self.engine.dispose()
-                raise
+        self.db = Database(url, migrate=migrate, label="checkpoint database")
+        self.url = self.db.url  # password masked
+        self.engine = self.db.engine
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Session]:
         try:
-            with self._sessions.begin() as s:
+            with self.db.transaction() as s:
                 yield s
-        except SQLAlchemyError as e:
-            raise StoreError(
-                f"checkpoint database {self.url} failed: {mask(reason(e), self._raw_url)}"
-            ) from e
+        except IntegrityError as e:  # a concurrent writer of the same row: still a StoreError
+            raise self.db.error(e) from e
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.db.close()
 
     # -- writing --------------------------------------------------------------------------------
     def put(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str,

@@ -21,16 +21,22 @@ the next checkpoint. ``?synchronous=full`` fsyncs every commit (a turn is durabl
 returns, at about one fsync per turn); ``off`` and ``extra`` are SQLite's other levels. The
 parameter is ours: it is removed from the URL before the driver sees it. PostgreSQL's
 equivalent is the server's ``synchronous_commit`` setting.
+
+``Database(url)`` is an opened, reachable, migrated database with one ``transaction()`` context
+for each unit of work.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from suffixmem.config import mask_url
@@ -184,3 +190,54 @@ def _migrate(url_or_engine: str | Engine, direction: str, revision: str) -> None
 def reason(e: SQLAlchemyError) -> str:
     orig = getattr(e, "orig", None)
     return str(orig if orig is not None else e).strip().splitlines()[0]
+
+
+class Database:
+    """An opened database: ``engine`` (``make_engine``'s settings), checked reachable, upgraded
+    to the newest migration unless ``migrate=False``.
+
+    ``transaction()`` is one unit of work (a SQLAlchemy ``Session``, committed on success,
+    rolled back on error). Database failures become ``StoreError`` with the URL's password
+    masked, prefixed by ``label``; ``IntegrityError`` passes through as is, for callers that
+    retry or report conflicts. ``url`` is the masked URL.
+    """
+
+    def __init__(self, url: str, *, migrate: bool = True, label: str = "database") -> None:
+        self.url = mask_url(url)  # shown in messages and logs: password masked
+        self.label = label
+        self._raw_url = url
+        self.engine = make_engine(url)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        try:
+            with self.engine.connect():
+                pass
+        except SQLAlchemyError as e:
+            self.engine.dispose()
+            raise StoreError(
+                f"cannot connect to {label} {self.url}: {mask(reason(e), url)}") from e
+        if migrate:
+            try:
+                upgrade(self.engine)
+            except StoreError:
+                self.engine.dispose()
+                raise
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One transaction; database failures become ``StoreError``."""
+        try:
+            with self.sessions.begin() as s:
+                yield s
+        except IntegrityError:
+            raise
+        except SQLAlchemyError as e:
+            raise self.error(e) from e
+
+    def error(self, e: SQLAlchemyError) -> StoreError:
+        """``e`` as the one-line ``StoreError`` of this database (password masked)."""
+        detail = reason(e) if isinstance(e, DBAPIError) else str(e)
+        return StoreError(f"{self.label} {self.url} failed: {mask(detail, self._raw_url)}")
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()

@@ -1,35 +1,12 @@
 """Database fixtures: a fresh SQLite file per test, and (when ``SUFFIXMEM_TEST_PG_URL`` is set)
-a PostgreSQL database of its own for this test run, dropped afterwards."""
+the run's PostgreSQL database (``pg_database``, tests/conftest.py) emptied after each test."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
-    """A throwaway PostgreSQL database (URL) for the whole run; skips when no server is set."""
-    base = os.environ.get("SUFFIXMEM_TEST_PG_URL")
-    if not base:
-        pytest.skip("SUFFIXMEM_TEST_PG_URL is not set (scripts/postgres prints one)")
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"suffixmem_t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture

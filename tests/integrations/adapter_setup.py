@@ -5,16 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from suffixmem.config import DEFAULT_MODEL
+from suffixmem.models import models_dir
 
 # the configuration of tests/conftest.py's ``vllm_engine``
 ENGINE_OPTIONS: dict[str, Any] = {"max_model_len": 4096, "kv_cache_gib": 1.0}
 MODEL_PARAMS: dict[str, Any] = {"model": DEFAULT_MODEL, "engine_options": ENGINE_OPTIONS}
 
-# The torch engine (no guided decoding): its own small configuration.
+# The torch engine (guided decoding by xgrammar): its own small configuration.
 TORCH_OPTIONS: dict[str, Any] = {"max_model_len": 2048, "kv_cache_gib": 0.25}
 TORCH_PARAMS: dict[str, Any] = {
     "engine": "torch", "model": DEFAULT_MODEL, "engine_options": TORCH_OPTIONS,
 }
+
+# LangChain's standard integration suites, on both engines: greedy, as the suite's defaults
+# ask, and few tokens to keep them fast on a CPU; 64 fit its jokes and its unicode tool call
+# (a Chinese name takes this byte-level tokenizer two to three tokens a character).
+STANDARD_PARAMS: dict[str, Any] = {"max_tokens": 64, "temperature": 0.0}
 
 # A system prompt longer than one KV block (32 tokens on CPU), and a conversation with a topic
 # jump (bread -> bread -> planets -> planets), for the adapter-against-manager comparisons.
@@ -28,3 +34,9 @@ QUESTIONS = (
     "Which planet in the solar system has the most moons?",
     "How far is that planet from the sun?",
 )
+
+
+def override_model() -> str:
+    """Another ``model`` for the standard suites' per-call override tests: the default model's
+    provisioned folder, by path (a model spec of its own, so another shared engine serves it)."""
+    return str(models_dir() / DEFAULT_MODEL)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adapter_setup import ENGINE_OPTIONS, TORCH_OPTIONS
+from adapter_setup import ENGINE_OPTIONS, MODEL_PARAMS, TORCH_OPTIONS, TORCH_PARAMS
 
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
@@ -30,6 +30,14 @@ def _default_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         os.environ["SUFFIXMEM_DATABASE_URL"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_started_engines() -> Iterator[None]:
+    """Engines the tests started through the registry and left there (a per-call model override
+    starts one of its own) are closed at the end of the run, after the fixtures' own."""
+    yield
+    runtime.close_all()
+
+
 @pytest.fixture(scope="session")
 def shared_engine(vllm_engine: Any) -> Iterator[Any]:
     """The session's vLLM engine, registered as the one ``get_engine`` returns for
@@ -46,6 +54,17 @@ def torch_engine() -> Iterator[Any]:
     yield engine
     runtime.unregister_engine(engine)
     engine.close()
+
+
+@pytest.fixture(params=[pytest.param("vllm", marks=pytest.mark.vllm), "torch"])
+def engine_params(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The adapters' parameters for each engine (``MODEL_PARAMS``, then ``TORCH_PARAMS``), its
+    shared engine started: a test using this runs on both engines."""
+    if request.param == "vllm":
+        request.getfixturevalue("shared_engine")
+        return dict(MODEL_PARAMS)
+    request.getfixturevalue("torch_engine")
+    return dict(TORCH_PARAMS)
 
 
 @pytest.fixture
@@ -91,34 +110,9 @@ def usage_recorder() -> Iterator[Any]:
         dispatcher.event_handlers.remove(recorder)
 
 
-@pytest.fixture
-def pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database (URL) for one test, dropped afterwards (a fresh name, so the
-    process-wide managers of ``suffixmem.runtime``, cached per URL, never see a reused one);
-    skips when ``SUFFIXMEM_TEST_PG_URL`` is not set."""
-    base = os.environ.get("SUFFIXMEM_TEST_PG_URL")
-    if not base:
-        pytest.skip("SUFFIXMEM_TEST_PG_URL is not set (scripts/postgres prints one)")
-    import uuid
-
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"suffixmem_int_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def any_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh database on SQLite, then on PostgreSQL."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'any.db'}"
-    return str(request.getfixturevalue("pg_database"))
+    return str(request.getfixturevalue("fresh_pg_database"))

@@ -14,7 +14,7 @@ from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
 from suffixmem.conversation.manager import ConversationManager
 from suffixmem.engine.protocol import SamplingParams
-from suffixmem.errors import InvalidRequestError
+from suffixmem.errors import InvalidRequestError, ModelError
 
 # configurable keys naming the conversation, in order of preference
 SESSION_KEYS = ("session_id", "thread_id")
@@ -98,6 +98,27 @@ class SuffixMemParams(BaseModel):
                 self._manager = runtime.get_manager(self.engine, database_url=self.database_url)
         return self._manager
 
+    def _call_manager(self, kwargs: dict[str, Any]) -> tuple[ConversationManager, str]:
+        """The manager and model name of one call: the instance's, or for a per-call ``model``
+        override that model's shared engine (same engine name and options, started on first
+        use) and its manager. An instance built on an engine object serves that engine's model
+        only."""
+        model = kwargs.get("model")
+        if model is None or model == self.model:
+            return self.get_manager(), self.model
+        if not isinstance(model, str) or not model.strip():
+            raise InvalidRequestError(f"model must be a non-empty string, got {model!r}")
+        if not isinstance(self.engine, str):
+            raise InvalidRequestError(
+                f"model: this instance's engine serves {self.model!r}; a per-call override to "
+                f"{model!r} needs an engine name (engine='vllm' or 'torch')")
+        try:
+            manager = runtime.get_manager(self.engine, database_url=self.database_url,
+                                          model=model, **self.engine_options)
+        except ModelError as e:  # an unknown model is bad input to this call
+            raise InvalidRequestError(f"model: {e}") from None
+        return manager, model
+
     @property
     def supports_json_schema(self) -> bool:
         """Whether the engine can constrain output to a JSON schema (``with_structured_output``)."""
@@ -107,16 +128,12 @@ class SuffixMemParams(BaseModel):
         self, stop: list[str] | None, kwargs: dict[str, Any]
     ) -> tuple[str | None, dict[str, Any]]:
         """The session and sampling values of one call, from its keyword arguments and the
-        instance. Unknown keyword arguments raise ``InvalidRequestError`` (rather than being
-        silently dropped); the values themselves are checked by the manager."""
+        instance (``model`` is ``_call_manager``'s). Unknown keyword arguments raise
+        ``InvalidRequestError`` (rather than being silently dropped); the values themselves are
+        checked by the manager."""
         kwargs = dict(kwargs)
         session_id = kwargs.pop("session_id", None) or self.session_id
-        model = kwargs.pop("model", None)
-        if model is not None and model != self.model:
-            raise InvalidRequestError(
-                f"model: this instance serves {self.model!r}; per-call override to {model!r} is "
-                "not supported (create another instance)"
-            )
+        kwargs.pop("model", None)  # the call's engine: ``_call_manager``
         kwargs.pop("stream", None)  # LangChain's own streaming switch
         unknown = sorted(set(kwargs) - SAMPLING_KWARGS)
         if unknown:

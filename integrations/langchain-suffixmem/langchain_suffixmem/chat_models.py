@@ -45,7 +45,7 @@ from langchain_suffixmem._base import (
 from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
 from langchain_suffixmem.stored_turns import STORED_TURNS
 from langchain_suffixmem.tools import openai_tools, reply_chunk, tool_schema, with_tools_prompt
-from suffixmem.conversation.manager import TurnResult
+from suffixmem.conversation.manager import ConversationManager, TurnResult
 from suffixmem.engine.protocol import TokenEvent
 
 StructuredMethod = Literal["json_schema", "json_mode", "function_calling"]
@@ -96,7 +96,9 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     The session comes from ``config["configurable"]["session_id"]`` (or ``thread_id``), else a
     ``session_id=`` call argument, else the instance's ``session_id``; with none, the call is
     stateless (nothing stored). Per-call keyword
-    arguments: ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed``, ``stop``.
+    arguments: ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``seed``, ``stop``, and
+    ``model`` (another model on the same kind of engine: its shared engine is started on first
+    use; ``response_metadata["model_name"]`` says which model answered).
     ``with_structured_output`` and ``bind_tools`` use the engine's JSON-schema guided
     decoding (``suffixmem.tool_calls``: a reply is a tool call whose arguments follow the
     tool's schema, or with ``tool_choice="auto"`` a plain answer); both raise
@@ -125,19 +127,20 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         return params
 
     # -- generation -----------------------------------------------------------------------------
-    def _final_chunk(self, turn: TurnResult, session_id: str | None) -> ChatGenerationChunk:
+    @staticmethod
+    def _final_chunk(turn: TurnResult, session_id: str | None, manager: ConversationManager,
+                     model: str) -> ChatGenerationChunk:
         index = None
         if session_id is not None:
             # the reply is the session's last message now (the session lock is released, but
             # a framework drives one session from one place at a time)
-            manager = self.get_manager()
             index = manager.get_session(session_id).message_count - 1
             STORED_TURNS.note(manager, session_id, index, turn.text)
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
                 usage_metadata=usage_metadata(turn),
-                response_metadata=response_metadata(turn, self.model, index),
+                response_metadata=response_metadata(turn, model, index),
                 chunk_position="last",
             ),
             generation_info={"finish_reason": turn.result.finish_reason},
@@ -154,7 +157,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if schema is not None and not self.supports_json_schema:
             raise NotImplementedError(
                 f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so tool "
-                "calling is not supported by this engine; use the 'vllm' engine")
+                "calling is not supported by this engine; use the 'vllm' engine (or install "
+                "xgrammar for the 'torch' engine)")
         return tools, schema, kwargs
 
     @staticmethod
@@ -176,11 +180,12 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         tools, schema, kwargs = self._tool_args(kwargs)
-        session_id, sampling = self._call_args(stop, kwargs)
+        session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
+        manager, model = self._call_manager(kwargs)
         show = self._show_schema(sampling)  # structured output only: tools are in the system
         if schema is not None:
             sampling["json_schema"] = schema
-        events = self.get_manager().stream_complete(  # bad input raises here
+        events = manager.stream_complete(  # bad input raises here
             session_id, with_tools_prompt(to_suffixmem(messages), tools), show_schema=show,
             **sampling)
         for event in with_deadline(events, self.timeout):
@@ -194,7 +199,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             else:
                 if schema is not None:
                     yield self._reply(event.text, run_manager and run_manager.on_llm_new_token)
-                yield self._final_chunk(event, session_id)
+                yield self._final_chunk(event, session_id, manager, model)
 
     async def _astream(
         self,
@@ -204,11 +209,12 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         tools, schema, kwargs = self._tool_args(kwargs)
-        session_id, sampling = self._call_args(stop, kwargs)
+        session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
+        manager, model = self._call_manager(kwargs)
         show = self._show_schema(sampling)
         if schema is not None:
             sampling["json_schema"] = schema
-        events = self.get_manager().astream_complete(
+        events = manager.astream_complete(
             session_id, with_tools_prompt(to_suffixmem(messages), tools), show_schema=show,
             **sampling)
         async for event in awith_deadline(events, self.timeout):
@@ -226,7 +232,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
                         await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                     yield chunk
                 # the session lookup is SQL: keep it off the event loop
-                yield await asyncio.to_thread(self._final_chunk, event, session_id)
+                yield await asyncio.to_thread(self._final_chunk, event, session_id, manager,
+                                              model)
 
     def _generate(
         self,
@@ -276,7 +283,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if not self.supports_json_schema:
             raise NotImplementedError(
                 f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so "
-                "bind_tools is not supported by this engine; use the 'vllm' engine")
+                "bind_tools is not supported by this engine; use the 'vllm' engine (or "
+                "install xgrammar for the 'torch' engine)")
         formatted = openai_tools(tools)
         tool_schema(formatted, tool_choice)  # a bad tool_choice fails here, not at the call
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
@@ -312,7 +320,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if not self.supports_json_schema:
             raise NotImplementedError(
                 f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so "
-                "with_structured_output is not available; use the 'vllm' engine"
+                "with_structured_output is not available; use the 'vllm' engine (or install "
+                "xgrammar for the 'torch' engine)"
             )
         if schema is None:
             if method != "json_mode":

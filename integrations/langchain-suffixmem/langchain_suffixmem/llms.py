@@ -73,29 +73,36 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "suffixmem"
-        params["ls_model_name"] = self.model
+        model = kwargs.get("model")
+        params["ls_model_name"] = model if isinstance(model, str) else self.model
         return params
 
-    def _events(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
-        session_id, sampling = self._call_args(stop, kwargs)
-        manager = self.get_manager()
+    def _events(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]
+                ) -> tuple[Any, str]:
+        session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
+        manager, model = self._call_manager(kwargs)
         if self.chat_template:
-            return manager.stream_complete(session_id, [Message("user", prompt)], **sampling)
-        return manager.stream_text(session_id or text_session_key(prompt), prompt, **sampling)
+            sent = [Message("user", prompt)]
+            return manager.stream_complete(session_id, sent, **sampling), model
+        key = session_id or text_session_key(prompt)
+        return manager.stream_text(key, prompt, **sampling), model
 
-    def _aevents(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
-        session_id, sampling = self._call_args(stop, kwargs)
-        manager = self.get_manager()
+    def _aevents(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]
+                 ) -> tuple[Any, str]:
+        session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
+        manager, model = self._call_manager(kwargs)
         if self.chat_template:
-            return manager.astream_complete(session_id, [Message("user", prompt)], **sampling)
+            sent = [Message("user", prompt)]
+            return manager.astream_complete(session_id, sent, **sampling), model
         # raw completion has no async twin in the manager: drive the sync stream off the loop
-        return _aiter_sync(
-            manager.stream_text(session_id or text_session_key(prompt), prompt, **sampling))
+        key = session_id or text_session_key(prompt)
+        return _aiter_sync(manager.stream_text(key, prompt, **sampling)), model
 
-    def _chunk(self, event: Any) -> GenerationChunk:
+    @staticmethod
+    def _chunk(event: Any, model: str) -> GenerationChunk:
         if isinstance(event, TokenEvent):
             return GenerationChunk(text=event.text)
-        return GenerationChunk(text="", generation_info={**usage(event), "model_name": self.model})
+        return GenerationChunk(text="", generation_info={**usage(event), "model_name": model})
 
     def _stream(
         self,
@@ -104,10 +111,11 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        for event in with_deadline(self._events(prompt, stop, kwargs), self.timeout):
+        events, model = self._events(prompt, stop, kwargs)
+        for event in with_deadline(events, self.timeout):
             if isinstance(event, TokenEvent) and not event.text:
                 continue
-            chunk = self._chunk(event)
+            chunk = self._chunk(event, model)
             if run_manager is not None and isinstance(event, TokenEvent):
                 run_manager.on_llm_new_token(event.text, chunk=chunk)
             yield chunk
@@ -119,10 +127,11 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        async for event in awith_deadline(self._aevents(prompt, stop, kwargs), self.timeout):
+        events, model = self._aevents(prompt, stop, kwargs)
+        async for event in awith_deadline(events, self.timeout):
             if isinstance(event, TokenEvent) and not event.text:
                 continue
-            chunk = self._chunk(event)
+            chunk = self._chunk(event, model)
             if run_manager is not None and isinstance(event, TokenEvent):
                 await run_manager.on_llm_new_token(event.text, chunk=chunk)
             yield chunk
@@ -155,7 +164,7 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
             for chunk in self._stream(prompt, stop, run_manager, **kwargs):
                 full += chunk
             generations.append(full)
-        return self._result(generations, self.model)
+        return self._result(generations, kwargs.get("model") or self.model)
 
     async def _agenerate(
         self,
@@ -170,7 +179,7 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
             async for chunk in self._astream(prompt, stop, run_manager, **kwargs):
                 full += chunk
             generations.append(full)
-        return self._result(generations, self.model)
+        return self._result(generations, kwargs.get("model") or self.model)
 
 
 async def _aiter_sync(events: Iterator[Any]) -> AsyncIterator[Any]:

@@ -5,6 +5,9 @@ An assistant message is sent back to the model as the text it generated (kept in
 ``response_metadata[RAW_KEY]`` when it differs from ``content``, as a tool call does), so a
 resent history renders to the tokens the session stored; tool calls the model did not generate
 and tool results are rendered by ``suffixmem.tool_calls`` (canonical, deterministic JSON).
+Content blocks that repeat the tool calls (``tool_use``...) and reasoning blocks (``thinking``,
+``reasoning``) of an assistant message are left out; text blocks are read whatever their extra
+keys (``cache_control``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ STORED_KEY = "suffixmem_stored"
 RAW_KEY = "suffixmem_raw"
 # content blocks that repeat an AIMessage's ``tool_calls`` (Anthropic, LangChain v1 style)
 _TOOL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call"})
+# another model's reasoning in an AIMessage (Anthropic "thinking", LangChain v1 "reasoning"):
+# not part of the conversation the model reads, as reasoning APIs drop it from later turns
+_REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
+_AI_SKIPPED = _TOOL_BLOCKS | _REASONING_BLOCKS
 
 # ChatMessage roles as LangChain spells them -> suffixmem roles
 _CHAT_ROLES = {
@@ -100,7 +107,7 @@ def content_of(message: BaseMessage, where: str) -> str:
         raw = message.response_metadata.get(RAW_KEY)
         if isinstance(raw, str):
             return raw
-        text = text_of(message.content, where, _TOOL_BLOCKS)
+        text = text_of(message.content, where, _AI_SKIPPED)
         if not message.tool_calls:
             return text
         calls = render_calls([(c["name"], c["args"]) for c in message.tool_calls])

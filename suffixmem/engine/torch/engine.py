@@ -35,6 +35,7 @@ from suffixmem.engine.protocol import (
 )
 from suffixmem.engine.torch.block_pool import BlockPool
 from suffixmem.engine.torch.extension import TorchExtensionAPI
+from suffixmem.engine.torch.grammar import Grammars, available, mask_logits
 from suffixmem.engine.torch.kv_pool import KVPool, torch_dtype
 from suffixmem.engine.torch.llama import Llama, read_config
 from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
@@ -64,7 +65,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
     """
 
     name = "torch"
-    supports_json_schema = False
+    supports_json_schema = available()  # constrained decoding by xgrammar (grammar.py)
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         super().__init__()
@@ -92,6 +93,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
         budget = int(config.kv_cache_gib * (1 << 30))
         self._load_tokenizer(self.model_path)
         self.stop_token_ids = self._stop_token_ids()
+        self.grammars = Grammars(self.tokenizer, mc.vocab_size, self.stop_token_ids)
         self.model = Llama.from_pretrained(self.model_path, self.dtype)
         self.kv_pool = KVPool.from_budget(budget, mc.num_layers, mc.num_kv_heads, mc.head_dim,
                                           self.block_size, self.dtype)
@@ -156,6 +158,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                        public_len=iso.public_tokens(request.segments, len(prompt_ids)),
                        public_salt=iso.public_salt if iso.scope == "public-prefix" else None)
         seq.detok = Detokenizer(self.tokenizer, request.sampling.stop)
+        seq.guide = self.grammars.guide(request.sampling)  # json_schema: compiled (cached)
         seed = request.sampling.seed
         if seed is not None:
             seq.generator = torch.Generator().manual_seed(seed)
@@ -320,16 +323,19 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | None]:
         """One token per sequence from ``logits [B, V]`` (fp32); ``None`` where sampling that
         sequence failed (it is failed alone)."""
+        mask_logits([seq.guide for seq in seqs], logits)  # json_schema rows: grammar.py
         tokens: list[int | None] = list(logits.argmax(dim=-1).tolist())
         for i, seq in enumerate(seqs):
             s = seq.request.sampling
-            if not s.greedy:
-                try:
+            try:
+                if not s.greedy:
                     tokens[i] = sample_token(logits[i], s, seq.generator or self._generator)
-                except Exception as e:  # blast radius of one
-                    log.exception("sampling failed for %s", seq.seq_id)
-                    self._fail(seq, e)
-                    tokens[i] = None
+                if seq.guide is not None:
+                    seq.guide.accept(tokens[i])
+            except Exception as e:  # blast radius of one
+                log.exception("sampling failed for %s", seq.seq_id)
+                self._fail(seq, e)
+                tokens[i] = None
         return tokens
 
     def _postprocess(self, seqs: list[Sequence], tokens: list[int | None]) -> None:

@@ -53,6 +53,7 @@ class Sequence:
     detok: Any = None
     t_first_token: float = 0.0
     generator: Any = None  # torch.Generator for seeded sampling
+    guide: Any = None  # grammar.Guide of a json_schema request
 
     @property
     def seq_id(self) -> str:

@@ -127,11 +127,22 @@ def test_structured_output_with_include_raw(chat: SuffixMemChatModel) -> None:
     assert isinstance(out["raw"], AIMessage)
 
 
-def test_structured_output_is_refused_without_guided_decoding() -> None:
-    model = SuffixMemChatModel(engine="torch")  # not started: the flag comes from the class
+def test_without_guided_decoding_tools_and_structured_output_are_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine without guided decoding (the torch engine where xgrammar is not installed):
+    honest flags without starting it, and one-line refusals."""
+    from adapter_setup import TORCH_PARAMS
+
+    from suffixmem.engine.torch.engine import TorchEngine
+
+    assert SuffixMemChatModel(**TORCH_PARAMS).supports_json_schema is True  # xgrammar here
+    monkeypatch.setattr(TorchEngine, "supports_json_schema", False)
+    model = SuffixMemChatModel(**TORCH_PARAMS)  # not started: the flag comes from the class
     assert model.supports_json_schema is False
     with pytest.raises(NotImplementedError, match="guided decoding"):
         model.with_structured_output({"type": "object"})
+    with pytest.raises(NotImplementedError, match="not supported by this engine"):
+        model.bind_tools([{"type": "function", "function": {"name": "f", "parameters": {}}}])
 
 
 def test_llm_streams_and_reports_usage(shared_engine: Any, database_url: str) -> None:
@@ -188,7 +199,7 @@ def test_oversize_prompt_and_bad_arguments_raise_value_error(
     assert isinstance(err.value, ValueError)
     with pytest.raises(ValueError, match="unsupported keyword argument"):
         chat.invoke("Hi", frequency_penalty=1.0)
-    with pytest.raises(ValueError, match="per-call override"):
+    with pytest.raises(ValueError, match="model: unknown model 'gpt-4o'"):  # no such model
         chat.invoke("Hi", model="gpt-4o")
     with pytest.raises(ValueError, match="max_tokens"):
         chat.invoke("Hi", max_tokens=0)
@@ -266,11 +277,29 @@ def test_tool_calls_render_canonically() -> None:
     ]
 
 
-def test_torch_engine_has_no_tool_calling() -> None:
-    """Honest flags without starting the engine, and a one-line refusal."""
-    from adapter_setup import TORCH_PARAMS
+def test_anthropic_blocks_read_as_text() -> None:
+    """Anthropic-style history (the standard suite's ``test_anthropic_inputs``): text blocks
+    with extra keys are read, ``tool_use`` blocks repeat ``tool_calls`` (rendered once),
+    ``thinking`` and ``reasoning`` blocks are left out; an image block is still refused."""
+    from langchain_core.messages import ToolMessage
+    from langchain_suffixmem.messages import to_suffixmem
 
-    model = SuffixMemChatModel(**TORCH_PARAMS)
-    assert model.supports_json_schema is False
-    with pytest.raises(NotImplementedError, match="not supported by this engine"):
-        model.bind_tools([{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    call = {"name": "pick", "args": {"color": "green"}, "id": "foo", "type": "tool_call"}
+    sent = to_suffixmem([
+        HumanMessage([{"type": "text", "text": "Pick", "cache_control": {"type": "ephemeral"}}]),
+        AIMessage([{"type": "thinking", "thinking": "hmm", "signature": "x"},
+                   {"type": "text", "text": "Let me see."},
+                   {"type": "tool_use", "input": {"color": "green"}, "id": "foo",
+                    "name": "pick"}], tool_calls=[call]),
+        ToolMessage("Nice pick!", tool_call_id="foo"),
+        AIMessage([{"type": "reasoning", "reasoning": "short"},
+                   {"type": "text", "text": "Green."}]),
+    ])
+    assert [(m.role, m.content) for m in sent] == [
+        ("user", "Pick"),
+        ("assistant", 'Let me see.\n{"arguments": {"color": "green"}, "name": "pick"}'),
+        ("tool", "Nice pick!"),
+        ("assistant", "Green."),
+    ]
+    with pytest.raises(InvalidRequestError, match="'image' content block"):
+        to_suffixmem([HumanMessage([{"type": "image", "url": "https://example.org/a.png"}])])

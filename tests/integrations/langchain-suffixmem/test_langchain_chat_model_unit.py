@@ -21,8 +21,8 @@ class TestSuffixMemChatModelUnit(ChatModelUnitTests):
         return dict(PARAMS)
 
     # Capability flags, truthfully: text in and out only; tool calling (with tool_choice),
-    # structured output and JSON mode by the vLLM engine's guided decoding; usage
-    # with cached prompt tokens; one model per engine, so no per-call model override.
+    # structured output and JSON mode by guided decoding (vLLM, or xgrammar on the torch
+    # engine); usage with cached prompt tokens; a per-call model override (another engine).
     @property
     def has_tool_calling(self) -> bool:
         return True
@@ -44,5 +44,13 @@ class TestSuffixMemChatModelUnit(ChatModelUnitTests):
         return True
 
     @property
+    def supports_anthropic_inputs(self) -> bool:
+        return True
+
+    @property
     def supports_model_override(self) -> bool:
-        return False
+        return True
+
+    @property
+    def model_override_value(self) -> str:
+        return "another-model"  # never loaded here: unit tests only trace the name

@@ -9,9 +9,6 @@ cache and stores the turn.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -32,49 +29,28 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection, default_completion_to_prompt
 from llama_index.llms.suffixmem.messages import STORED_KEY, to_suffixmem
-from llama_index.llms.suffixmem.tools import (
-    reply_message,
-    specs,
-    tool_selections,
-    with_tools_prompt,
+from llama_index.llms.suffixmem.responses import (
+    aiter_sync,
+    aresponses,
+    chat_response,
+    completion_response,
+    responses,
+    skip_none,
+    text_session_key,
+    tool_response,
+    usage,
 )
+from llama_index.llms.suffixmem.tools import specs, tool_selections, with_tools_prompt
 
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
-from suffixmem.engine.protocol import Message, Result, SamplingParams, TokenEvent
+from suffixmem.engine.protocol import Message, Result, SamplingParams
 from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import ToolSpec, reply_schema
 
 _SAMPLING_KWARGS = frozenset(
     {"temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "json_schema", "ignore_eos"})
-
-
-def text_session_key(prompt: str) -> str:
-    """The cache namespace of a raw completion without a session (derived from its start)."""
-    return "anon-" + hashlib.sha256(prompt[:1024].encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-def usage(event: Result | TurnResult, model_name: str) -> dict[str, Any]:
-    """The usage LlamaIndex reads (``prompt_tokens``, ``completion_tokens``, ``total_tokens``)
-    plus ``cached_tokens``, ``ttft_s``/``latency_s`` (seconds), finish reason, session, and for
-    a chat turn its topic verdict and temperature."""
-    result = event.result if isinstance(event, TurnResult) else event
-    out: dict[str, Any] = {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.output_tokens,
-        "total_tokens": result.prompt_tokens + result.output_tokens,
-        "cached_tokens": result.cached_tokens,
-        "ttft_s": result.ttft_s,
-        "latency_s": result.latency_s,
-        "finish_reason": result.finish_reason,
-        "session_id": result.session_key,
-        "model_name": model_name,
-    }
-    if isinstance(event, TurnResult):
-        out.update(session_id=event.session_id, topic_jump=event.topic_jump,
-                   temperature=event.temperature, history=getattr(event, "history", None))
-    return out
 
 
 class SuffixMemLLM(FunctionCallingLLM):
@@ -209,7 +185,8 @@ class SuffixMemLLM(FunctionCallingLLM):
             if not runtime.supports_json_schema(self.engine):
                 raise NotImplementedError(
                     "tool calling is not supported by this engine (it has no JSON-schema "
-                    "guided decoding); use the 'vllm' engine")
+                    "guided decoding); use the 'vllm' engine (or install xgrammar for the "
+                    "'torch' engine)")
             sampling["json_schema"] = schema
         # an empty message gives the model nothing to read; leaving it out keeps a history
         # that holds one (a chat engine stores the user message before calling us) usable
@@ -231,7 +208,7 @@ class SuffixMemLLM(FunctionCallingLLM):
         if not formatted:
             prompt = self.completion_to_prompt(prompt)
         events = manager.stream_text(session_id or text_session_key(prompt), prompt, **sampling)
-        return None, (_aiter_sync(events) if asynchronous else events)
+        return None, (aiter_sync(events) if asynchronous else events)
 
     def _final(self, event: Result | TurnResult, session_id: str | None) -> dict[str, Any]:
         u = usage(event, self.model)
@@ -241,82 +218,25 @@ class SuffixMemLLM(FunctionCallingLLM):
             u[STORED_KEY] = {"session_id": session_id, "index": count - 1}
         return u
 
-    def _deadline(self) -> float | None:
-        return None if self.timeout is None else time.perf_counter() + self.timeout
-
-    def _check_deadline(self, deadline: float | None) -> None:
-        if deadline is not None and time.perf_counter() > deadline:
-            raise TimeoutError(f"no complete reply within {self.timeout} s; request aborted")
-
-    def _chat_response(self, text: str, delta: str, u: dict[str, Any] | None) -> ChatResponse:
-        if u is None:
-            message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
-            return ChatResponse(message=message, delta=delta)
-        # the marker rides on the message: a chat engine hands that message to its memory
-        message = ChatMessage(role=MessageRole.ASSISTANT, content=text,
-                              additional_kwargs={k: u[k] for k in (STORED_KEY,) if k in u})
-        return ChatResponse(message=message, delta=delta, raw={"usage": u}, additional_kwargs=u)
-
-    def _completion_response(
-        self, text: str, delta: str, u: dict[str, Any] | None
-    ) -> CompletionResponse:
-        if u is None:
-            return CompletionResponse(text=text, delta=delta)
-        return CompletionResponse(text=text, delta=delta, raw={"usage": u}, additional_kwargs=u)
-
     # -- streams (undecorated, so a call emits one LlamaIndex event, not two) ------------------
     def _gen(self, session_id: str | None, events: Iterator[Any], respond: Any) -> Iterator[Any]:
-        deadline = self._deadline()
-        text = ""
-        try:
-            for event in events:
-                if isinstance(event, TokenEvent):
-                    self._check_deadline(deadline)
-                    if event.text:
-                        text += event.text
-                        yield respond(text, event.text, None)
-                else:
-                    yield respond(text, "", self._final(event, session_id))
-        finally:
-            events.close()  # type: ignore[attr-defined]  # early close aborts: nothing stored
+        return responses(events, respond, lambda e: self._final(e, session_id), self.timeout)
 
-    async def _agen(self, session_id: str | None, events: AsyncIterator[Any], respond: Any
-                    ) -> AsyncIterator[Any]:
-        deadline = self._deadline()
-        text = ""
-        try:
-            async for event in events:
-                if isinstance(event, TokenEvent):
-                    self._check_deadline(deadline)
-                    if event.text:
-                        text += event.text
-                        yield respond(text, event.text, None)
-                else:
-                    final = await asyncio.to_thread(self._final, event, session_id)
-                    yield respond(text, "", final)
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-
-    def _tool_response(self, text: str, delta: str, u: dict[str, Any] | None
-                       ) -> ChatResponse | None:
-        if u is None:
-            return None  # a tool reply's JSON is not text to show: wait for the whole reply
-        message = reply_message(text, {k: u[k] for k in (STORED_KEY,) if k in u})
-        return ChatResponse(message=message, delta=message.content or "", raw={"usage": u},
-                            additional_kwargs=u)
+    def _agen(self, session_id: str | None, events: AsyncIterator[Any], respond: Any
+              ) -> AsyncIterator[Any]:
+        return aresponses(events, respond, lambda e: self._final(e, session_id), self.timeout)
 
     def _chat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Any:
         session_id, events = self._chat_events(messages, kwargs, False)  # bad input raises here
         if kwargs.get("tools"):
-            return (r for r in self._gen(session_id, events, self._tool_response)
-                    if r is not None)
-        return self._gen(session_id, events, self._chat_response)
+            return (r for r in self._gen(session_id, events, tool_response) if r is not None)
+        return self._gen(session_id, events, chat_response)
 
     def _achat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Any:
         session_id, events = self._chat_events(messages, kwargs, True)
         if kwargs.get("tools"):
-            return _skip_none(self._agen(session_id, events, self._tool_response))
-        return self._agen(session_id, events, self._chat_response)
+            return skip_none(self._agen(session_id, events, tool_response))
+        return self._agen(session_id, events, chat_response)
 
     # -- FunctionCallingLLM ---------------------------------------------------------------------
     def _prepare_chat_with_tools(
@@ -346,11 +266,11 @@ class SuffixMemLLM(FunctionCallingLLM):
 
     def _complete_stream(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> Any:
         session_id, events = self._text_events(prompt, formatted, kwargs, False)
-        return self._gen(session_id, events, self._completion_response)
+        return self._gen(session_id, events, completion_response)
 
     def _acomplete_stream(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> Any:
         session_id, events = self._text_events(prompt, formatted, kwargs, True)
-        return self._agen(session_id, events, self._completion_response)
+        return self._agen(session_id, events, completion_response)
 
     # -- the LlamaIndex API ---------------------------------------------------------------------
     @llm_chat_callback()
@@ -407,22 +327,3 @@ class SuffixMemLLM(FunctionCallingLLM):
     ) -> CompletionResponseAsyncGen:
         return self._acomplete_stream(prompt, formatted, kwargs)  # type: ignore[no-any-return]
 
-
-async def _aiter_sync(events: Iterator[Any]) -> AsyncIterator[Any]:
-    """A sync event stream as an async one, each ``next`` in a worker thread so the event loop
-    is never blocked by the model; closing it closes (aborts) the stream."""
-    done = object()
-    try:
-        while True:
-            event = await asyncio.to_thread(next, events, done)
-            if event is done:
-                return
-            yield event
-    finally:
-        events.close()  # type: ignore[attr-defined]
-
-
-async def _skip_none(responses: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    async for r in responses:
-        if r is not None:
-            yield r
