@@ -85,5 +85,5 @@ class SignalModel:
 # sessions and the 18 natural tuning sessions (a reduced run: the bench builds 120); cutoff: the
 # best mean tuning F1 over 0.1-0.7 (0.2: 0.466). The bench refits and reports its own.
 DEFAULT_MODEL = SignalModel(
-    weights=(-1.4476, 1.842, 0.7978, 1.0805, -1.898, -0.1523), bias=-2.3533, cutoff=0.2,
+    weights=(-2.6152, 3.4143, 0.5561, 2.731, -2.2285, -0.2934), bias=-3.068, cutoff=0.25,
 )

@@ -51,15 +51,10 @@ def _verdicts(detector: TopicDetector, turns: list[tuple[str, str]]) -> list[boo
       ("Python列表可以倒序排序吗", "可以，sorted(列表, reverse=True)。"),
       ("顺便问一下，今天北京的天气怎么样", "今天北京晴天。")],
      [False, False, True]),
-    pytest.param(
-        [("寿司の作り方を教えてください", "酢飯を作り、新鮮な魚をのせます。"),
-         ("寿司に合う魚は何ですか", "マグロやサーモンが寿司によく合います。"),
-         ("ところで、明日の東京の天気はどうですか", "晴れの予報です。")],
-        [False, False, True],
-        # known weakness: unspaced Japanese makes most character n-grams of a follow-up new
-        # (novelty 0.81), so the signal model calls it a jump (P 0.22 at cutoff 0.2)
-        marks=pytest.mark.xfail(reason="Japanese follow-up: novelty over unspaced text",
-                                strict=True)),
+    ([("寿司の作り方を教えてください", "酢飯を作り、新鮮な魚をのせます。"),
+      ("寿司に合う魚は何ですか", "マグロやサーモンが寿司によく合います。"),
+      ("ところで、明日の東京の天気はどうですか", "晴れの予報です。")],
+     [False, False, True]),
 ])
 def test_jumps_and_continuations(turns: list[tuple[str, str]], expected: list[bool]) -> None:
     assert _verdicts(default_detector(), turns) == expected
