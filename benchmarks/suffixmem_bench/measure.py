@@ -138,16 +138,19 @@ def git_commit() -> str:
     return f"{sha}+dirty" if sha and dirty else sha
 
 
-def _machine_key(threads: int) -> str:
-    cpu = "?"
+def cpu_name(default: str = "?") -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else ``default``."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{cpu}|{os.cpu_count()} cores|{threads} threads"
+    return default
+
+
+def _machine_key(threads: int) -> str:
+    return f"{cpu_name()}|{os.cpu_count()} cores|{threads} threads"
 
 
 def idle_gflops(threads: int, path: Path = IDLE_FILE) -> float | None:

@@ -23,14 +23,9 @@ PLOT_FILES = ("ttft_by_turn.png", "hit_rate_by_turn.png")
 
 def machine_info() -> dict[str, Any]:
     """Where the run happened: CPU, cores, memory, load, library versions and the commit."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from suffixmem_bench.measure import cpu_name, load_avg
+
+    cpu = cpu_name(platform.processor() or platform.machine())
     mem_gib = math.nan
     with contextlib.suppress(ValueError, OSError):
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
@@ -45,10 +40,6 @@ def machine_info() -> dict[str, Any]:
                                 text=True, check=False, cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
-    try:
-        load = list(os.getloadavg())
-    except OSError:
-        load = []
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -56,7 +47,7 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "versions": versions,
-        "load_avg_at_start": [round(x, 2) for x in load],
+        "load_avg_at_start": load_avg(),
         "git_commit": commit,
     }
 
