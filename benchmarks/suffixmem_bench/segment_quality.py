@@ -56,6 +56,26 @@ def compare(ref: Any, got: Any) -> tuple[float, float, float]:
     return float(kl.mean()), float(agree.float().mean()), first / len(agree)
 
 
+def greedy_reference(rig: Any, ids: Sequence[int], continuation: int
+                     ) -> tuple[Any, Any, list[int]]:
+    """Full recomputation of ``ids`` and its greedy continuation: ``(block_table, [T, V] step
+    logits, continuation tokens)``. Feeding a run its own greedy tokens is teacher forcing with
+    them, so its step logits are the reference's. The caller ``decref``s the block table."""
+    import torch
+
+    from suffixmem.engine.reuse.placement import forward_layers
+
+    n = len(ids)
+    bt = rig.alloc(n + continuation)
+    steps = [forward_layers(rig.runner, bt, ids, range(n), n, want_logits=True)[-1:]]
+    cont = [int(steps[-1][-1].argmax())]
+    for t in range(continuation - 1):
+        steps.append(forward_layers(rig.runner, bt, [cont[-1]], [n + t], n + t + 1,
+                                    want_logits=True))
+        cont.append(int(steps[-1][-1].argmax()))
+    return bt, torch.cat(steps), cont
+
+
 def measure_quality(
     llama: Any, prompts: Sequence[BenchPrompt], grid: Sequence[tuple[int, float]],
     continuation: int = 64, check_layers: tuple[int, ...] = (1,),
@@ -74,16 +94,7 @@ def measure_quality(
         n = len(p.ids)
         fill_bt = rig.alloc(len(p.fill_ids))
         forward_layers(runner, fill_bt, p.fill_ids, range(len(p.fill_ids)), len(p.fill_ids))
-        # the reference: full recomputation and its greedy continuation; feeding a run its own
-        # greedy tokens is teacher forcing with them, so its step logits are the reference's
-        ref_bt = rig.alloc(n + continuation)
-        steps = [forward_layers(runner, ref_bt, p.ids, range(n), n, want_logits=True)[-1:]]
-        cont = [int(steps[-1][-1].argmax())]
-        for t in range(continuation - 1):
-            steps.append(forward_layers(runner, ref_bt, [cont[-1]], [n + t], n + t + 1,
-                                        want_logits=True))
-            cont.append(int(steps[-1][-1].argmax()))
-        ref = torch.cat(steps)
+        ref_bt, ref, cont = greedy_reference(rig, p.ids, continuation)
         for k, r in grid:
             bt = rig.alloc(n + continuation)
             sources = [

@@ -175,7 +175,7 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
     import torch
 
     from suffixmem.engine.reuse.placement import SegmentSource, forward_layers, place_segments
-    from suffixmem_bench.segment_quality import compare, make_rig
+    from suffixmem_bench.segment_quality import compare, greedy_reference, make_rig
 
     longest = max(max(len(p.ids), *(len(f) for f, _ in p.fills)) for p in prompts)
     rig = make_rig(llama, longest + continuation, runs=max(len(p.fills) for p in prompts) + 2)
@@ -189,14 +189,7 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
             bt = rig.alloc(len(f))
             forward_layers(runner, bt, f, range(len(f)), len(f))
             fill_bts.append(bt)
-        ref_bt = rig.alloc(n + continuation)
-        steps = [forward_layers(runner, ref_bt, p.ids, range(n), n, want_logits=True)[-1:]]
-        cont = [int(steps[-1][-1].argmax())]
-        for t in range(continuation - 1):
-            steps.append(forward_layers(runner, ref_bt, [cont[-1]], [n + t], n + t + 1,
-                                        want_logits=True))
-            cont.append(int(steps[-1][-1].argmax()))
-        ref = torch.cat(steps)
+        ref_bt, ref, cont = greedy_reference(rig, p.ids, continuation)
         line_end = first_line_end(decode, cont)
         rig.blocks.decref(ref_bt)
         for blend in methods:
