@@ -21,7 +21,7 @@ from langchain_suffixmem._base import (
     with_deadline,
 )
 from suffixmem.conversation.manager import TurnResult
-from suffixmem.engine.protocol import Message, Result, TokenEvent
+from suffixmem.engine.protocol import Message, Result, TokenEvent, aiter_events
 
 
 def text_session_key(prompt: str) -> str:
@@ -96,7 +96,7 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
             return manager.astream_complete(session_id, sent, **sampling), model
         # raw completion has no async twin in the manager: drive the sync stream off the loop
         key = session_id or text_session_key(prompt)
-        return _aiter_sync(manager.stream_text(key, prompt, **sampling)), model
+        return aiter_events(manager.stream_text(key, prompt, **sampling)), model
 
     @staticmethod
     def _chunk(event: Any, model: str) -> GenerationChunk:
@@ -180,19 +180,3 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
                 full += chunk
             generations.append(full)
         return self._result(generations, kwargs.get("model") or self.model)
-
-
-async def _aiter_sync(events: Iterator[Any]) -> AsyncIterator[Any]:
-    """A sync event stream as an async one, each ``next`` in a worker thread so the event loop
-    is never blocked by the model; closing it closes (aborts) the stream."""
-    import asyncio
-
-    done = object()
-    try:
-        while True:
-            event = await asyncio.to_thread(next, events, done)
-            if event is done:
-                return
-            yield event
-    finally:
-        events.close()  # type: ignore[attr-defined]

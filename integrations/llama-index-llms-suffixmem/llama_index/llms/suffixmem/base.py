@@ -30,7 +30,6 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection, default_completion_to_prompt
 from llama_index.llms.suffixmem.messages import STORED_KEY, to_suffixmem
 from llama_index.llms.suffixmem.responses import (
-    aiter_sync,
     aresponses,
     chat_response,
     completion_response,
@@ -45,7 +44,7 @@ from llama_index.llms.suffixmem.tools import specs, tool_selections, with_tools_
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
-from suffixmem.engine.protocol import Message, Result, SamplingParams
+from suffixmem.engine.protocol import Message, Result, SamplingParams, aiter_events
 from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import ToolSpec, reply_schema
 
@@ -208,7 +207,7 @@ class SuffixMemLLM(FunctionCallingLLM):
         if not formatted:
             prompt = self.completion_to_prompt(prompt)
         events = manager.stream_text(session_id or text_session_key(prompt), prompt, **sampling)
-        return None, (aiter_sync(events) if asynchronous else events)
+        return None, (aiter_events(events) if asynchronous else events)
 
     def _final(self, event: Result | TurnResult, session_id: str | None) -> dict[str, Any]:
         u = usage(event, self.model)

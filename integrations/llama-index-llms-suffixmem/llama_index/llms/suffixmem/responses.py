@@ -130,20 +130,6 @@ async def aresponses(events: AsyncIterator[Any], respond: Respond,
         await events.aclose()  # type: ignore[attr-defined]
 
 
-async def aiter_sync(events: Iterator[Any]) -> AsyncIterator[Any]:
-    """A sync event stream as an async one, each ``next`` in a worker thread so the event loop
-    is never blocked by the model; closing it closes (aborts) the stream."""
-    done = object()
-    try:
-        while True:
-            event = await asyncio.to_thread(next, events, done)
-            if event is done:
-                return
-            yield event
-    finally:
-        events.close()  # type: ignore[attr-defined]
-
-
 async def skip_none(items: AsyncIterator[Any]) -> AsyncIterator[Any]:
     async for r in items:
         if r is not None:
