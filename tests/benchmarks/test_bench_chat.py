@@ -107,3 +107,18 @@ def test_unknown_configuration_is_refused() -> None:
     result = CliRunner().invoke(_app(), ["chat", "--configs", "naive,gpt5"])
     assert result.exit_code != 0
     assert "gpt5" in result.output
+
+
+def test_keep_db_gives_every_round_a_fresh_database(tmp_path: Path) -> None:
+    # one database reused across rounds continued the last round's sessions: longer prompts
+    # than the peers' (found in a --keep-db run: 110k prompt tokens against vllm_direct's 60k)
+    from suffixmem_bench.chat.configs import kept_database
+
+    first = kept_database(tmp_path, "suffixmem_vllm")
+    assert first.name == "suffixmem_vllm.db"
+    first.touch()
+    second = kept_database(tmp_path, "suffixmem_vllm")
+    assert second.name == "suffixmem_vllm-2.db"
+    second.touch()
+    assert kept_database(tmp_path, "suffixmem_vllm").name == "suffixmem_vllm-3.db"
+    assert kept_database(tmp_path, "suffixmem_torch").name == "suffixmem_torch.db"

@@ -34,6 +34,17 @@ from suffixmem_bench.chat.peers import (
 KEEP_DB_ENV = "SUFFIXMEM_BENCH_KEEP_DB"
 
 
+def kept_database(folder: Path, name: str) -> Path:
+    """A fresh database file for one round of ``name`` under ``--keep-db``: ``NAME.db``, then
+    ``NAME-2.db``, ... (reusing one would continue the previous round's sessions, whose
+    histories would make this round's prompts longer than its peers')."""
+    path, n = folder / f"{name}.db", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{name}-{n}.db"
+    return path
+
+
 class SuffixmemChat(ChatConfig):
     """``ConversationManager`` + an engine (``vllm`` or ``torch``). ``segments`` builds the
     engine with its segment cache (``EngineConfig.segment_reuse``) and asks the manager for
@@ -72,7 +83,10 @@ class SuffixmemChat(ChatConfig):
         keep = os.environ.get(KEEP_DB_ENV)
         folder = Path(options.state_dir or keep or self._tmp.name)
         folder.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{folder / (name + '.db')}"
+        # the returning workload's state folder is reopened on purpose (its restart round)
+        fresh = keep and not options.state_dir
+        path = kept_database(folder, name) if fresh else folder / (name + ".db")
+        url = f"sqlite:///{path}"
         mconfig = manager_config(segments)
         if manager_flags:
             from dataclasses import replace
