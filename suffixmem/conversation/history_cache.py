@@ -4,8 +4,8 @@ A turn needs its session's whole history, but between two turns of a session onl
 turn's messages are new. ``Store.turn_state`` therefore keeps each session's history here and,
 within its one read transaction, reads the session row and then:
 
-- nothing more when the row's ``updated_at`` is the one the entry was read at (every write of
-  a session's messages sets ``updated_at``; ``Store`` is their only writer);
+- nothing more when the row's ``updated_at`` is the one the entry was read or committed at
+  (every write of a session's messages sets ``updated_at``; ``Store`` is their only writer);
 - otherwise the messages from the entry's last position on: if the first of them is that last
   message unchanged (same position, role, content, ids and ``created_at``), the rest is
   appended; any other outcome (a cleared or rewritten history, another process's edit) reads
@@ -27,8 +27,8 @@ from suffixmem.conversation.records import StoredMessage
 
 @dataclass(slots=True, frozen=True)
 class CachedHistory:
-    """A session's history as read (``stamp``: the row's ``updated_at`` then; None when the
-    entry was extended by a commit and must be confirmed by the next read)."""
+    """A session's history as read or committed (``stamp``: the row's ``updated_at`` then;
+    None when unknown: the next read confirms the entry row by row)."""
 
     stamp: datetime | None
     messages: tuple[StoredMessage, ...]
@@ -58,15 +58,16 @@ class HistoryCache:
                 break
 
     def extend(self, session_id: str, first_position: int,
-               messages: tuple[StoredMessage, ...]) -> None:
-        """A commit appended ``messages`` at ``first_position``: extend the entry when it ends
-        right before them (the next read confirms it), else drop it."""
+               messages: tuple[StoredMessage, ...], stamp: datetime | None = None) -> None:
+        """A commit appended ``messages`` at ``first_position`` and set the row's ``updated_at``
+        to ``stamp``: extend the entry when it ends right before them, else drop it. The next
+        read trusts the entry only while the row still carries ``stamp`` (no write since)."""
         entry = self._entries.get(session_id)
         end = entry.messages[-1].position + 1 if entry is not None and entry.messages else 0
         if entry is None or end != first_position:
             self.drop(session_id)
             return
-        self.put(session_id, CachedHistory(None, entry.messages + messages))
+        self.put(session_id, CachedHistory(stamp, entry.messages + messages))
 
     def drop(self, session_id: str) -> None:
         self._entries.pop(session_id, None)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Connection, delete, func, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -79,7 +79,8 @@ class Store(TurnQueries, SegmentQueries):
         self._raw_url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._reads = sessionmaker(read_engine(self.engine), expire_on_commit=False)
+        self._read_engine = read_engine(self.engine)
+        self._reads = sessionmaker(self._read_engine, expire_on_commit=False)
         self.history_cache = HistoryCache()
         try:
             with self.engine.connect():
@@ -98,12 +99,10 @@ class Store(TurnQueries, SegmentQueries):
 
     # -- plumbing -------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _tx(self, read: bool = False) -> Iterator[Session]:
-        """One transaction; database failures become ``StoreError``. ``read``: it only reads
-        (it then never waits for a writer; it must not write)."""
+    def _errors(self) -> Iterator[None]:
+        """Database failures become ``StoreError`` (integrity errors pass: ``_retrying``)."""
         try:
-            with (self._reads if read else self._sessions).begin() as s:
-                yield s
+            yield
         except IntegrityError:
             raise
         except DBAPIError as e:
@@ -111,11 +110,26 @@ class Store(TurnQueries, SegmentQueries):
         except SQLAlchemyError as e:
             raise StoreError(f"database {self.url} failed: {mask(str(e), self._raw_url)}") from e
 
-    def _retrying(self, fn: Any) -> Any:
+    @contextlib.contextmanager
+    def _tx(self, read: bool = False) -> Iterator[Session]:
+        """One transaction; database failures become ``StoreError``. ``read``: it only reads
+        (it then never waits for a writer; it must not write)."""
+        with self._errors(), (self._reads if read else self._sessions).begin() as s:
+            yield s
+
+    @contextlib.contextmanager
+    def _conn(self, read: bool = False) -> Iterator[Connection]:
+        """``_tx`` on a plain connection, without an ORM session: the per-turn read and
+        commit (``turn_store``), where the session's bookkeeping was a tenth of the turn."""
+        with self._errors(), (self._read_engine if read else self.engine).begin() as c:
+            yield c
+
+    def _retrying(self, fn: Any, core: bool = False) -> Any:
+        """``fn(session)`` in a write transaction (``fn(connection)`` with ``core``)."""
         # PostgreSQL may still race two first writers of a brand-new row; retry those.
         for attempt in range(_RETRIES):
             try:
-                with self._tx() as s:
+                with self._conn() if core else self._tx() as s:
                     return fn(s)
             except IntegrityError as e:
                 if attempt == _RETRIES - 1:
@@ -128,7 +142,8 @@ class Store(TurnQueries, SegmentQueries):
         self.engine.dispose()
 
     # -- sessions -------------------------------------------------------------------------------
-    def _record(self, s: Session, row: SessionRow, count: int | None = None) -> SessionRecord:
+    def _record(self, s: Session | Connection, row: Any, count: int | None = None
+                ) -> SessionRecord:
         if count is None:
             count = s.scalar(
                 select(func.count()).select_from(MessageRow)
@@ -255,7 +270,7 @@ class Store(TurnQueries, SegmentQueries):
         with self._tx(read=True) as s:
             if s.get(SessionRow, sid) is None:
                 raise UnknownSessionError(sid)
-            return self._messages(s, sid)
+            return self._messages(s.connection(), sid)
 
     @staticmethod
     def _check(messages: Sequence[NewMessage]) -> None:
@@ -277,7 +292,7 @@ class Store(TurnQueries, SegmentQueries):
 
         def run(s: Session) -> list[int]:
             row = self._lock_session(s, sid)
-            stored = self._append(s, sid, messages)
+            stored = self._append(s.connection(), sid, messages)
             row.updated_at = utcnow()
             return [m.position for m in stored]
 

@@ -1,7 +1,10 @@
 """The per-turn half of the conversation store: the one read and the one commit of a turn.
-A mixin of ``Store`` (its ``_tx``, ``_retrying``, ``_record``, ``_check`` and
-``history_cache``); kept apart because it is the hot path: plain rows and executemany instead
-of ORM entities, and only the messages not read before (``history_cache``).
+A mixin of ``Store`` (its ``_conn``, ``_retrying``, ``_record``, ``_check`` and
+``history_cache``); kept apart because it is the hot path, where SQLAlchemy's own bookkeeping
+was most of a turn's overhead: plain connections (no ORM session), statements built once with
+bound parameters (no per-call construction or cache-key walk), executemany, and only the messages
+not read before (``history_cache``; a commit leaves the row's new ``updated_at`` there, so the
+next turn's read confirms it with the session row alone).
 """
 
 from __future__ import annotations
@@ -9,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from suffixmem.conversation.history_cache import CachedHistory, HistoryCache
@@ -29,6 +33,26 @@ from suffixmem.errors import UnknownSessionError
 
 SESSIONS = SessionRow.__table__
 MESSAGES = MessageRow.__table__
+EVENTS = TurnEventRow.__table__
+
+# the per-turn statements, built once (bound parameters in ``:name`` style)
+_SESSION = select(SESSIONS).where(SESSIONS.c.id == bindparam("sid"))
+_SESSION_EXISTS = select(SESSIONS.c.id).where(SESSIONS.c.id == bindparam("sid"))
+_MESSAGES_FROM = (
+    select(MESSAGES.c.position, MESSAGES.c.role, MESSAGES.c.content, MESSAGES.c.token_ids,
+           MESSAGES.c.token_count, MESSAGES.c.created_at)
+    .where(MESSAGES.c.session_id == bindparam("sid"), MESSAGES.c.position >= bindparam("since"))
+    .order_by(MESSAGES.c.position)
+)
+_LAST_POSITION = select(func.max(MESSAGES.c.position)).where(
+    MESSAGES.c.session_id == bindparam("sid"))
+# the session's new state; on PostgreSQL the UPDATE also takes the row lock that serialises
+# the session's writers (SQLite's BEGIN IMMEDIATE already did)
+_TOUCH = update(SESSIONS).where(SESSIONS.c.id == bindparam("sid")).values(
+    temperature=bindparam("new_temperature"), window_start=bindparam("new_window_start"),
+    updated_at=bindparam("now"))
+_INSERT_MESSAGES = insert(MESSAGES)
+_INSERT_EVENT = insert(EVENTS)
 
 
 class TurnQueries:
@@ -36,13 +60,14 @@ class TurnQueries:
 
     history_cache: HistoryCache
 
-    def _tx(self, read: bool = False) -> contextlib.AbstractContextManager[Session]:
+    def _conn(self, read: bool = False) -> contextlib.AbstractContextManager[Connection]:
         raise NotImplementedError  # provided by Store
 
-    def _retrying(self, fn: Any) -> Any:
+    def _retrying(self, fn: Any, core: bool = False) -> Any:
         raise NotImplementedError  # provided by Store
 
-    def _record(self, s: Session, row: SessionRow, count: int | None = None) -> SessionRecord:
+    def _record(self, s: Session | Connection, row: Any, count: int | None = None
+                ) -> SessionRecord:
         raise NotImplementedError  # provided by Store
 
     @staticmethod
@@ -50,14 +75,9 @@ class TurnQueries:
         raise NotImplementedError  # provided by Store
 
     @staticmethod
-    def _messages(s: Session, sid: str, since: int = 0) -> list[StoredMessage]:
+    def _messages(conn: Connection, sid: str, since: int = 0) -> list[StoredMessage]:
         # plain rows, not ORM entities: this runs on every turn
-        rows = s.connection().execute(
-            select(MessageRow.position, MessageRow.role, MessageRow.content,
-                   MessageRow.token_ids, MessageRow.token_count, MessageRow.created_at)
-            .where(MessageRow.session_id == sid, MessageRow.position >= since)
-            .order_by(MessageRow.position)
-        ).all()
+        rows = conn.execute(_MESSAGES_FROM, {"sid": sid, "since": since}).all()
         return [
             StoredMessage(
                 position=r[0], role=r[1], content=r[2],
@@ -72,10 +92,9 @@ class TurnQueries:
         session). Only messages not seen by an earlier call are read (``history_cache``)."""
         sid = check_session_id(session_id)
         cache = self.history_cache
-        with self._tx(read=True) as s:
+        with self._conn(read=True) as s:
             # a plain row with every column: ``_record`` reads it like an ORM row
-            row = s.connection().execute(
-                select(SESSIONS).where(SESSIONS.c.id == sid)).first()
+            row = s.execute(_SESSION, {"sid": sid}).first()
             if row is None:
                 cache.drop(sid)
                 return None
@@ -105,15 +124,12 @@ class TurnQueries:
             raise UnknownSessionError(sid)
         return row
 
-    def _append(self, s: Session, sid: str, messages: Sequence[NewMessage]
-                ) -> tuple[StoredMessage, ...]:
+    def _append(self, conn: Connection, sid: str, messages: Sequence[NewMessage],
+                now: datetime | None = None) -> tuple[StoredMessage, ...]:
         """Insert ``messages`` after the session's last one; returns them as stored."""
-        conn = s.connection()
-        last = conn.execute(
-            select(func.max(MessageRow.position)).where(MessageRow.session_id == sid)
-        ).scalar()
+        last = conn.execute(_LAST_POSITION, {"sid": sid}).scalar()
         first = 0 if last is None else int(last) + 1
-        now = utcnow()
+        now = now or utcnow()
         stored = tuple(
             StoredMessage(first + i, m.role, m.content,
                           tuple(m.token_ids) if m.token_ids is not None else None,
@@ -122,7 +138,7 @@ class TurnQueries:
         )
         if stored:
             # one executemany, no ORM unit of work: this is on every turn's commit
-            conn.execute(insert(MESSAGES), [
+            conn.execute(_INSERT_MESSAGES, [
                 {"session_id": sid, "position": m.position, "role": m.role,
                  "content": m.content,
                  "token_ids": json.dumps(list(m.token_ids)) if m.token_ids is not None else None,
@@ -143,43 +159,38 @@ class TurnQueries:
         self._check(messages)
         sid = check_session_id(session_id)
 
-        def run(s: Session) -> tuple[StoredMessage, ...]:
-            # plain statements on the transaction's connection: no ORM unit of work on the
-            # path from the last token to the caller
-            conn = s.connection()
+        def run(conn: Connection) -> tuple[tuple[StoredMessage, ...], datetime]:
             now = utcnow()
-            if create is not None and conn.execute(
-                    select(SESSIONS.c.id).where(SESSIONS.c.id == sid)).first() is None:
+            if create is not None and conn.execute(_SESSION_EXISTS, {"sid": sid}).first() is None:
                 conn.execute(insert(SESSIONS).values(
                     id=sid, title=create.title, model=create.model,
                     system_prompt=create.system_prompt, temperature=temperature,
                     state="active", window_start=0, created_at=now, updated_at=now))
-            # the session's row lock (PostgreSQL) serialises its writers; SQLite's
-            # BEGIN IMMEDIATE already did
-            if conn.execute(select(SESSIONS.c.id).where(SESSIONS.c.id == sid)
-                            .with_for_update()).first() is None:
+            if replace_history:
+                touch = _TOUCH.values(system_prompt=create.system_prompt) if create else _TOUCH
+            else:
+                touch = _TOUCH
+            if conn.execute(touch, {"sid": sid, "new_temperature": temperature,
+                                    "new_window_start": window_start, "now": now}
+                            ).rowcount == 0:
                 raise UnknownSessionError(sid)
-            values: dict[str, Any] = {"temperature": temperature, "window_start": window_start,
-                                      "updated_at": now}
             if replace_history:
                 conn.execute(delete(MESSAGES).where(MESSAGES.c.session_id == sid))
-                if create is not None:
-                    values["system_prompt"] = create.system_prompt
-            stored = self._append(s, sid, messages)
-            conn.execute(update(SESSIONS).where(SESSIONS.c.id == sid).values(**values))
-            conn.execute(insert(TurnEventRow.__table__).values(
-                session_id=sid, request_id=turn.request_id, prompt_tokens=turn.prompt_tokens,
-                cached_tokens=turn.cached_tokens, output_tokens=turn.output_tokens,
-                ttft_s=turn.ttft_s, latency_s=turn.latency_s, topic_jump=turn.topic_jump,
-                similarity=turn.similarity, temperature=turn.temperature,
-                evicted_turns=turn.evicted_turns, finish_reason=turn.finish_reason,
-                created_at=now,
-            ))
-            return stored
+            stored = self._append(conn, sid, messages, now)
+            conn.execute(_INSERT_EVENT, {
+                "session_id": sid, "request_id": turn.request_id,
+                "prompt_tokens": turn.prompt_tokens, "cached_tokens": turn.cached_tokens,
+                "output_tokens": turn.output_tokens, "ttft_s": turn.ttft_s,
+                "latency_s": turn.latency_s, "topic_jump": turn.topic_jump,
+                "similarity": turn.similarity, "temperature": turn.temperature,
+                "evicted_turns": turn.evicted_turns, "finish_reason": turn.finish_reason,
+                "created_at": now,
+            })
+            return stored, now
 
-        stored: tuple[StoredMessage, ...] = self._retrying(run)
+        stored, stamp = self._retrying(run, core=True)
         if replace_history:
             self.history_cache.drop(sid)
         elif stored:
-            self.history_cache.extend(sid, stored[0].position, stored)
+            self.history_cache.extend(sid, stored[0].position, stored, stamp)
         return [m.position for m in stored]
