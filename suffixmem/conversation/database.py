@@ -2,7 +2,8 @@
 Alembic migrations shipped inside the package (``suffixmem/migrations``).
 
 Contract: ``make_engine(url)`` gives a SQLAlchemy engine with the settings the store relies on;
-``read_engine(engine)`` the same engine for read-only transactions; ``upgrade``/``downgrade``/
+``read_engine(engine)`` the same engine for read-only transactions; ``dbapi_transaction`` one
+transaction on a pooled DBAPI connection, begun the same way; ``upgrade``/``downgrade``/
 ``current_revision`` run the migrations programmatically (the folder is found from the installed
 package, never from the working directory). Every error message shows the URL with its password
 masked (``suffixmem.config.mask_url``).
@@ -134,6 +135,31 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+@contextlib.contextmanager
+def dbapi_transaction(engine: Engine, read: bool = False) -> Iterator[Any]:
+    """One transaction on a pooled DBAPI connection (yielded), begun as ``engine``'s own
+    transactions are (SQLite: ``BEGIN IMMEDIATE``, or a deferred ``BEGIN`` with ``read``) and
+    committed at the end (rolled back on an exception). For ``prepared`` statements on the
+    per-turn path, where SQLAlchemy's connection and event layer cost more than the SQL; the
+    DBAPI's errors are raised as SQLAlchemy's, as ``Connection`` would."""
+    dbapi_error = engine.dialect.loaded_dbapi.Error
+    conn = engine.raw_connection()
+    try:
+        try:
+            if engine.dialect.name == "sqlite":
+                conn.driver_connection.execute("BEGIN" if read else "BEGIN IMMEDIATE")
+            yield conn
+            conn.commit()
+        except dbapi_error as e:
+            conn.rollback()
+            raise DBAPIError.instance(None, None, e, dbapi_error) from e
+        except BaseException:
+            conn.rollback()
+            raise
+    finally:
+        conn.close()  # back to the pool
 
 
 def read_engine(engine: Engine) -> Engine:

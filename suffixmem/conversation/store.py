@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from suffixmem.config import mask_url
 from suffixmem.conversation.database import (
+    dbapi_transaction,
     downgrade,
     make_engine,
     mask,
@@ -56,7 +57,7 @@ from suffixmem.conversation.schema import (
     utcnow,
 )
 from suffixmem.conversation.segment_store import SegmentQueries
-from suffixmem.conversation.turn_store import TurnQueries
+from suffixmem.conversation.turn_store import TurnQueries, TurnSQL
 from suffixmem.conversation.validation import check_session_id, check_text
 from suffixmem.engine.protocol import ROLES
 from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
@@ -79,8 +80,7 @@ class Store(TurnQueries, SegmentQueries):
         self._raw_url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._read_engine = read_engine(self.engine)
-        self._reads = sessionmaker(self._read_engine, expire_on_commit=False)
+        self._reads = sessionmaker(read_engine(self.engine), expire_on_commit=False)
         self.history_cache = HistoryCache()
         try:
             with self.engine.connect():
@@ -90,6 +90,8 @@ class Store(TurnQueries, SegmentQueries):
             raise StoreError(
                 f"cannot connect to database {mask_url(url)}: {mask(reason(e), self._raw_url)}"
             ) from e
+        # compiled after the first connection: a dialect learns its server's version there
+        self.turn_sql = TurnSQL(self.engine.dialect)
         if migrate:
             try:
                 upgrade(self.engine)
@@ -118,10 +120,11 @@ class Store(TurnQueries, SegmentQueries):
             yield s
 
     @contextlib.contextmanager
-    def _conn(self, read: bool = False) -> Iterator[Connection]:
-        """``_tx`` on a plain connection, without an ORM session: the per-turn read and
-        commit (``turn_store``), where the session's bookkeeping was a tenth of the turn."""
-        with self._errors(), (self._read_engine if read else self.engine).begin() as c:
+    def _conn(self, read: bool = False) -> Iterator[Any]:
+        """``_tx`` on a pooled DBAPI connection, for ``prepared`` statements: the per-turn
+        read and commit (``turn_store``), where SQLAlchemy's session and connection layers
+        cost more than the SQL itself."""
+        with self._errors(), dbapi_transaction(self.engine, read) as c:
             yield c
 
     def _retrying(self, fn: Any, core: bool = False) -> Any:

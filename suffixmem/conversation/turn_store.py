@@ -1,8 +1,8 @@
 """The per-turn half of the conversation store: the one read and the one commit of a turn.
-A mixin of ``Store`` (its ``_conn``, ``_retrying``, ``_record``, ``_check`` and
-``history_cache``); kept apart because it is the hot path, where SQLAlchemy's own bookkeeping
-was most of a turn's overhead: plain connections (no ORM session), statements built once with
-bound parameters (no per-call construction or cache-key walk), executemany, and only the messages
+A mixin of ``Store`` (its ``_conn``, ``_retrying``, ``_record``, ``_check``, ``history_cache``
+and ``turn_sql``); kept apart because it is the hot path, where SQLAlchemy's own bookkeeping
+was most of a turn's overhead: plain connections (no ORM session), statements compiled once
+for the dialect and run on the DBAPI cursor (``prepared``), executemany, and only the messages
 not read before (``history_cache``; a commit leaves the row's new ``updated_at`` there, so the
 next turn's read confirms it with the session row alone).
 """
@@ -16,9 +16,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from suffixmem.conversation.history_cache import CachedHistory, HistoryCache
+from suffixmem.conversation.prepared import Prepared
 from suffixmem.conversation.records import (
     NewMessage,
     NewSession,
@@ -51,16 +53,41 @@ _LAST_POSITION = select(func.max(MESSAGES.c.position)).where(
 _TOUCH = update(SESSIONS).where(SESSIONS.c.id == bindparam("sid")).values(
     temperature=bindparam("new_temperature"), window_start=bindparam("new_window_start"),
     updated_at=bindparam("now"))
-_INSERT_MESSAGES = insert(MESSAGES)
-_INSERT_EVENT = insert(EVENTS)
+_MESSAGE_KEYS = ("session_id", "position", "role", "content", "token_ids", "token_count",
+                 "status", "created_at")
+_SESSION_KEYS = ("id", "title", "model", "system_prompt", "temperature", "state",
+                 "window_start", "created_at", "updated_at")
+_EVENT_KEYS = ("session_id", "request_id", "prompt_tokens", "cached_tokens", "output_tokens",
+               "ttft_s", "latency_s", "topic_jump", "similarity", "temperature",
+               "evicted_turns", "finish_reason", "created_at")
+
+
+class TurnSQL:
+    """The per-turn statements prepared for one dialect (``Store.turn_sql``)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.session = Prepared(_SESSION, dialect)
+        self.session_exists = Prepared(_SESSION_EXISTS, dialect)
+        self.messages_from = Prepared(_MESSAGES_FROM, dialect)
+        self.last_position = Prepared(_LAST_POSITION, dialect)
+        self.touch = Prepared(_TOUCH, dialect)
+        self.insert_messages = Prepared(insert(MESSAGES), dialect, _MESSAGE_KEYS)
+        self.insert_event = Prepared(insert(EVENTS), dialect, _EVENT_KEYS)
+        # a new session created by its first turn; a history replaced with a system prompt
+        self.insert_session = Prepared(insert(SESSIONS), dialect, _SESSION_KEYS)
+        self.touch_system = Prepared(
+            _TOUCH.values(system_prompt=bindparam("new_system_prompt")), dialect)
+        self.delete_messages = Prepared(
+            delete(MESSAGES).where(MESSAGES.c.session_id == bindparam("sid")), dialect)
 
 
 class TurnQueries:
     """``turn_state`` and ``commit_turn`` over ``Store``'s transactions."""
 
     history_cache: HistoryCache
+    turn_sql: TurnSQL
 
-    def _conn(self, read: bool = False) -> contextlib.AbstractContextManager[Connection]:
+    def _conn(self, read: bool = False) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError  # provided by Store
 
     def _retrying(self, fn: Any, core: bool = False) -> Any:
@@ -74,10 +101,9 @@ class TurnQueries:
     def _check(messages: Sequence[NewMessage]) -> None:
         raise NotImplementedError  # provided by Store
 
-    @staticmethod
-    def _messages(conn: Connection, sid: str, since: int = 0) -> list[StoredMessage]:
+    def _messages(self, conn: Any, sid: str, since: int = 0) -> list[StoredMessage]:
         # plain rows, not ORM entities: this runs on every turn
-        rows = conn.execute(_MESSAGES_FROM, {"sid": sid, "since": since}).all()
+        rows = self.turn_sql.messages_from.rows(conn, {"sid": sid, "since": since})
         return [
             StoredMessage(
                 position=r[0], role=r[1], content=r[2],
@@ -94,7 +120,8 @@ class TurnQueries:
         cache = self.history_cache
         with self._conn(read=True) as s:
             # a plain row with every column: ``_record`` reads it like an ORM row
-            row = s.execute(_SESSION, {"sid": sid}).first()
+            found = self.turn_sql.session.rows(s, {"sid": sid})
+            row = found[0] if found else None
             if row is None:
                 cache.drop(sid)
                 return None
@@ -124,10 +151,10 @@ class TurnQueries:
             raise UnknownSessionError(sid)
         return row
 
-    def _append(self, conn: Connection, sid: str, messages: Sequence[NewMessage],
+    def _append(self, conn: Any, sid: str, messages: Sequence[NewMessage],
                 now: datetime | None = None) -> tuple[StoredMessage, ...]:
         """Insert ``messages`` after the session's last one; returns them as stored."""
-        last = conn.execute(_LAST_POSITION, {"sid": sid}).scalar()
+        last = self.turn_sql.last_position.scalar(conn, {"sid": sid})
         first = 0 if last is None else int(last) + 1
         now = now or utcnow()
         stored = tuple(
@@ -138,7 +165,7 @@ class TurnQueries:
         )
         if stored:
             # one executemany, no ORM unit of work: this is on every turn's commit
-            conn.execute(_INSERT_MESSAGES, [
+            self.turn_sql.insert_messages.run_many(conn, [
                 {"session_id": sid, "position": m.position, "role": m.role,
                  "content": m.content,
                  "token_ids": json.dumps(list(m.token_ids)) if m.token_ids is not None else None,
@@ -159,25 +186,27 @@ class TurnQueries:
         self._check(messages)
         sid = check_session_id(session_id)
 
-        def run(conn: Connection) -> tuple[tuple[StoredMessage, ...], datetime]:
+        def run(conn: Any) -> tuple[tuple[StoredMessage, ...], datetime]:
             now = utcnow()
-            if create is not None and conn.execute(_SESSION_EXISTS, {"sid": sid}).first() is None:
-                conn.execute(insert(SESSIONS).values(
-                    id=sid, title=create.title, model=create.model,
-                    system_prompt=create.system_prompt, temperature=temperature,
-                    state="active", window_start=0, created_at=now, updated_at=now))
-            if replace_history:
-                touch = _TOUCH.values(system_prompt=create.system_prompt) if create else _TOUCH
+            sql = self.turn_sql
+            if create is not None and not sql.session_exists.rows(conn, {"sid": sid}):
+                sql.insert_session.run(conn, {
+                    "id": sid, "title": create.title, "model": create.model,
+                    "system_prompt": create.system_prompt, "temperature": temperature,
+                    "state": "active", "window_start": 0, "created_at": now, "updated_at": now})
+            state = {"sid": sid, "new_temperature": temperature,
+                     "new_window_start": window_start, "now": now}
+            if replace_history and create is not None:
+                state["new_system_prompt"] = create.system_prompt
+                touched = sql.touch_system.run(conn, state).rowcount
             else:
-                touch = _TOUCH
-            if conn.execute(touch, {"sid": sid, "new_temperature": temperature,
-                                    "new_window_start": window_start, "now": now}
-                            ).rowcount == 0:
+                touched = sql.touch.run(conn, state).rowcount
+            if touched == 0:
                 raise UnknownSessionError(sid)
             if replace_history:
-                conn.execute(delete(MESSAGES).where(MESSAGES.c.session_id == sid))
+                sql.delete_messages.run(conn, {"sid": sid})
             stored = self._append(conn, sid, messages, now)
-            conn.execute(_INSERT_EVENT, {
+            sql.insert_event.run(conn, {
                 "session_id": sid, "request_id": turn.request_id,
                 "prompt_tokens": turn.prompt_tokens, "cached_tokens": turn.cached_tokens,
                 "output_tokens": turn.output_tokens, "ttft_s": turn.ttft_s,
