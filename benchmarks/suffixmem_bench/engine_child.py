@@ -1,9 +1,13 @@
 """An engine arm of ``bench engines`` hosted in a child process.
 
-vLLM's CPU backend binds its OpenMP threads once per process (a second thread count in the same
-process fails its attention kernel's check), so ``bench engines`` measures vLLM in a child per
-thread count, still interleaved round by round with the in-process arms: the parent writes
-``run`` on the child's stdin, the child answers one JSON line with the arm's figures.
+Every arm runs in a child of its own, one per thread count, interleaved round by round: the
+parent writes ``run`` on the child's stdin, the child answers one JSON line with the arm's
+figures. Two reasons: vLLM's CPU backend binds its OpenMP threads once per process (a second
+thread count in the same process fails its attention kernel's check), and libgomp keeps one
+OpenMP thread pool per thread that runs parallel work: engines sharing a process (transformers
+in the main thread, the torch engine in its driver thread) give it more threads than cores, so
+it throttles its spin waits and every engine's decode slows by half (measured: 21 -> 37 ms per
+token for the torch model runner). Alone in its process each engine runs as a user's would.
 """
 
 from __future__ import annotations
@@ -62,14 +66,23 @@ class ChildArm:
 def main() -> None:
     """Child side: build the arm from the first line, then answer ``run`` until ``exit``."""
     from suffixmem.stdio import quiet_stdout
-    from suffixmem_bench.engines import _ProtocolArm
+    from suffixmem_bench.engines import _ProtocolArm, _TransformersArm
+    from suffixmem_bench.measure import set_threads
 
     out = sys.stdout
     spec = json.loads(sys.stdin.readline())
+    arm: Any
     try:
         with quiet_stdout(True):
-            arm = _ProtocolArm(spec["name"], spec["model"], spec["prompt"],
-                               spec["decode_tokens"], spec["threads"])
+            set_threads(spec["threads"])
+            if spec["name"] == "transformers":
+                from suffixmem.models import resolve_model
+
+                arm = _TransformersArm(resolve_model(spec["model"], progress=False),
+                                       spec["prompt"], spec["decode_tokens"])
+            else:
+                arm = _ProtocolArm(spec["name"], spec["model"], spec["prompt"],
+                                   spec["decode_tokens"], spec["threads"])
     except Exception as e:  # reported to the parent as the arm's error
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), file=out, flush=True)
         return

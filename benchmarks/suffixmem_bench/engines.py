@@ -1,12 +1,12 @@
 """``suffixmem bench engines``: the torch engine, transformers ``generate`` and vLLM on one
-~1,500-token prompt of real text, in one process, against this machine's measured limits.
+~1,500-token prompt of real text, interleaved, against this machine's measured limits.
 
 For each engine: cold prefill seconds (a fresh session: nothing cached), warm time to first
 token (same session, same prompt again) and decode milliseconds per token (greedy, EOS ignored,
 after a cached prompt). transformers has no cross-request reuse, so its "warm" figure is another
-full prefill. Measurement follows ``measure``: all engines are built at one thread count (vLLM
-in a child process per count, ``engine_child``, since it binds its threads once), then
-measured A/B/C/A/B/C for ``repeats`` (>= 3) rounds; each figure is the median with its min, max
+full prefill. Measurement follows ``measure``: all engines are built at one thread count, each
+in a child process of its own (``engine_child`` says why), then measured A/B/C/A/B/C for
+``repeats`` (>= 3) rounds; each figure is the median with its min, max
 and runs; this is done at 1 thread and at all cores (``by_threads``; the top-level figures are
 at all cores). The JSON carries ``commit``, ``load_avg``, ``matmul_gflops`` and ``noisy``.
 
@@ -180,12 +180,9 @@ def _measure_at(threads: int, engines: Sequence[str], model: str, path: Any,
     try:
         for name in engines:
             try:
-                if name == "transformers":
-                    arms[name] = _TransformersArm(path, prompt, decode_tokens)
-                elif name == "vllm":  # binds its threads once per process: a child each
-                    arms[name] = ChildArm(name, model, prompt, decode_tokens, threads)
-                else:
-                    arms[name] = _ProtocolArm(name, model, prompt, decode_tokens, threads)
+                # each in a child process of its own (engine_child: vLLM binds its threads
+                # once per process; engines sharing one slow each other's OpenMP waits)
+                arms[name] = ChildArm(name, model, prompt, decode_tokens, threads)
             except Exception as e:  # one engine failing must not hide the others
                 out[name] = {"error": f"{type(e).__name__}: {e}"}
             set_threads(threads)  # vLLM may have changed it

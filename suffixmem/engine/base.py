@@ -3,7 +3,8 @@
 Contract for subclasses (``VLLMEngine``, ``TorchEngine``):
 
 - Call ``_load_tokenizer(path)`` (sets ``tokenizer`` and ``template``) and, once the model is
-  ready, ``_start_driver(name)``.
+  ready, ``_start_driver(name)`` (or pass the loading as ``setup``: it then runs in the driver
+  thread, see ``TorchEngine``).
 - ``_prepare(request, prompt_ids) -> payload`` runs in the caller's thread before anything is
   queued; whatever it raises reaches the caller as ``InvalidRequestError`` (one line), and no
   outbox, cache entry or queue item is left behind.
@@ -272,9 +273,30 @@ class BaseEngine(ABC):
         return fut.result()
 
     # -- the driver thread ----------------------------------------------------------------------
-    def _start_driver(self, thread_name: str) -> None:
-        self._driver = threading.Thread(target=self._drive, name=thread_name, daemon=True)
+    def _start_driver(self, thread_name: str, setup: Callable[[], None] | None = None) -> None:
+        """Start the driver thread. ``setup`` runs in it first (and this call waits for it):
+        its exception is raised here, and no driver is left running."""
+        ready = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            if setup is not None:
+                try:
+                    setup()
+                except BaseException as e:  # re-raised in the constructing thread
+                    failed.append(e)
+                    ready.set()
+                    return
+            ready.set()
+            self._drive()
+
+        self._driver = threading.Thread(target=run, name=thread_name, daemon=True)
         self._driver.start()
+        ready.wait()
+        if failed:
+            self._driver.join()
+            self._driver = None
+            raise failed[0]
 
     def _driver_context(self) -> Any:
         """A context the driver loop runs in (the torch engine: ``inference_mode``)."""

@@ -32,3 +32,53 @@ def test_segment_reuse_switch_and_release() -> None:
         assert engine.reuse.stats().entries == 0
     finally:
         engine.close()
+
+
+def test_the_driver_thread_loads_and_runs_the_model() -> None:
+    # libgomp keeps an OpenMP pool per thread running parallel work: a model loaded in the
+    # constructing thread and run in the driver thread gave two pools and halved decode speed
+    import threading
+
+    import torch
+
+    eng = create_engine("torch", max_model_len=512, kv_cache_gib=0.05)
+    try:
+        seen: list[str] = []
+        original = eng.runner.forward
+
+        def forward(*a: object, **k: object) -> object:
+            seen.append(threading.current_thread().name)
+            return original(*a, **k)
+
+        eng.runner.forward = forward  # type: ignore[method-assign]
+        out = eng.generate(Request("s", messages=[Message("user", "Hi")],
+                                   sampling=SamplingParams(max_tokens=3, temperature=0.0)))
+        assert out.output_tokens >= 1 and set(seen) == {"suffixmem-torch"}
+        assert eng.run_in_driver(lambda e: torch.get_num_threads()) == torch.get_num_threads()
+    finally:
+        eng.close()
+
+
+def test_a_failed_load_in_the_driver_thread_reaches_the_caller() -> None:
+    from suffixmem.engine.base import BaseEngine
+
+    class Broken(BaseEngine):
+        name = "broken"
+
+        def __init__(self) -> None:
+            super().__init__()
+
+            def setup() -> None:
+                raise ValueError("weights missing")
+
+            self._start_driver("broken-driver", setup)
+
+        for m in ("_prepare", "_stream", "stats", "_add", "_abort", "_has_work", "_step",
+                  "_step_failed", "reset_prefix_cache"):
+            locals()[m] = lambda self, *a: None
+
+    import threading
+
+    with pytest.raises(ValueError, match="weights missing"):
+        Broken()
+    assert not any(t.name == "broken-driver" for t in threading.enumerate())
