@@ -169,31 +169,21 @@ class _TransformersArm:
 TIMED = ("prefill_s", "warm_ttft_s", "decode_ms_per_token")
 
 
-def _measure_at(threads: int, engines: Sequence[str], model: str, path: Any,
-                prompt: Sequence[int], decode_tokens: int, repeats: int
-                ) -> dict[str, dict[str, Any]]:
-    """Every engine built at ``threads`` threads, then measured A/B/C/A/B/C... ``repeats``
-    rounds. An engine that cannot be built (vLLM missing) is reported, not estimated."""
-    set_threads(threads)
+def _measure_at(threads: int, engines: Sequence[str], model: str, prompt: Sequence[int],
+                decode_tokens: int, repeats: int) -> dict[str, dict[str, Any]]:
+    """Every engine built at ``threads`` threads, each in a child process of its own
+    (``engine_child``: vLLM binds its threads once per process; engines sharing one slow each
+    other's OpenMP waits), then measured A/B/C/A/B/C... ``repeats`` rounds. An engine that
+    cannot be built (vLLM missing) is reported, not estimated."""
     arms: dict[str, Any] = {}
     out: dict[str, dict[str, Any]] = {}
     try:
         for name in engines:
             try:
-                # each in a child process of its own (engine_child: vLLM binds its threads
-                # once per process; engines sharing one slow each other's OpenMP waits)
                 arms[name] = ChildArm(name, model, prompt, decode_tokens, threads)
             except Exception as e:  # one engine failing must not hide the others
                 out[name] = {"error": f"{type(e).__name__}: {e}"}
-            set_threads(threads)  # vLLM may have changed it
-
-        def arm(a: Any) -> Any:
-            def run() -> dict[str, float]:
-                set_threads(threads)  # every arm at the same count, whatever the last did
-                return a()  # type: ignore[no-any-return]
-            return run
-
-        runs = interleave({n: arm(a) for n, a in arms.items()}, repeats)
+        runs = interleave(dict(arms), repeats)
     finally:
         for a in arms.values():
             a.close()
@@ -243,8 +233,8 @@ def run_engines(prompt_tokens: int = 1500, decode_tokens: int = 64, model: str =
                                                       limit_steps)
         limits.update(runner_by_threads[str(counts[-1])])
         limits["runner_by_threads"] = runner_by_threads  # type: ignore[assignment]
-        by_threads = {str(t): _measure_at(t, engines, model, path, prompt, decode_tokens,
-                                          repeats) for t in counts}
+        by_threads = {str(t): _measure_at(t, engines, model, prompt, decode_tokens, repeats)
+                      for t in counts}
     out = by_threads[str(counts[-1])]
     for figures in out.values():
         if "error" in figures:
