@@ -23,6 +23,14 @@ returns, at about one fsync per turn); ``off`` and ``extra`` are SQLite's other 
 parameter is ours: it is removed from the URL before the driver sees it. PostgreSQL's
 equivalent is the server's ``synchronous_commit`` setting.
 
+**Writers of one process queue on a lock, not on SQLite's busy handler.** SQLite lets a waiting
+``BEGIN IMMEDIATE`` poll the write lock with sleeps of 1, 2, 5, 10, ... ms, so a turn's commit
+that meets another session's commit (or the background segment log) lost several ms for a hold
+of well under one. ``writer_lock(engine)`` is one ``RLock`` per SQLite file and process, taken
+around every write transaction of the store (``dbapi_transaction``, ``Store._tx``,
+``Database.transaction``): a waiter wakes as soon as the holder commits. Other processes still
+meet the busy handler; PostgreSQL needs no such lock (row locks queue without polling).
+
 ``Database(url)`` is an opened, reachable, migrated database with one ``transaction()`` context
 for each unit of work.
 """
@@ -30,6 +38,8 @@ for each unit of work.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -138,28 +148,53 @@ def make_engine(url: str) -> Engine:
 
 
 @contextlib.contextmanager
-def dbapi_transaction(engine: Engine, read: bool = False) -> Iterator[Any]:
+def dbapi_transaction(engine: Engine, read: bool = False,
+                      writer: contextlib.AbstractContextManager[Any] | None = None
+                      ) -> Iterator[Any]:
     """One transaction on a pooled DBAPI connection (yielded), begun as ``engine``'s own
     transactions are (SQLite: ``BEGIN IMMEDIATE``, or a deferred ``BEGIN`` with ``read``) and
     committed at the end (rolled back on an exception). For ``prepared`` statements on the
     per-turn path, where SQLAlchemy's connection and event layer cost more than the SQL; the
-    DBAPI's errors are raised as SQLAlchemy's, as ``Connection`` would."""
-    dbapi_error = engine.dialect.loaded_dbapi.Error
-    conn = engine.raw_connection()
-    try:
+    DBAPI's errors are raised as SQLAlchemy's, as ``Connection`` would. A write transaction
+    holds ``writer`` (``writer_lock(engine)``) from before its BEGIN until it ended."""
+    with writer if writer is not None and not read else _NO_LOCK:
+        dbapi_error = engine.dialect.loaded_dbapi.Error
+        conn = engine.raw_connection()
         try:
-            if engine.dialect.name == "sqlite":
-                conn.driver_connection.execute("BEGIN" if read else "BEGIN IMMEDIATE")
-            yield conn
-            conn.commit()
-        except dbapi_error as e:
-            conn.rollback()
-            raise DBAPIError.instance(None, None, e, dbapi_error) from e
-        except BaseException:
-            conn.rollback()
-            raise
-    finally:
-        conn.close()  # back to the pool
+            try:
+                if engine.dialect.name == "sqlite":
+                    conn.driver_connection.execute("BEGIN" if read else "BEGIN IMMEDIATE")
+                yield conn
+                conn.commit()
+            except dbapi_error as e:
+                with contextlib.suppress(dbapi_error):  # the first error is the one to report
+                    conn.rollback()
+                raise DBAPIError.instance(None, None, e, dbapi_error) from e
+            except BaseException:
+                with contextlib.suppress(dbapi_error):
+                    conn.rollback()
+                raise
+        finally:
+            conn.close()  # back to the pool
+
+
+_WRITERS: dict[str, threading.RLock] = {}
+_WRITERS_GUARD = threading.Lock()
+_NO_LOCK = contextlib.nullcontext()
+
+
+def writer_lock(engine: Engine) -> contextlib.AbstractContextManager[Any]:
+    """The lock this process's write transactions on ``engine``'s database hold (module
+    docstring): one ``RLock`` per SQLite file, shared by every engine of the process on that
+    file; a no-op for PostgreSQL and in-memory SQLite (one connection, nothing to queue on).
+    Reentrant, so a write transaction opened inside another by the same thread meets SQLite's
+    own lock as before rather than deadlocking here."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or database in (None, "", ":memory:"):
+        return _NO_LOCK
+    key = os.path.realpath(database)
+    with _WRITERS_GUARD:
+        return _WRITERS.setdefault(key, threading.RLock())
 
 
 def read_engine(engine: Engine) -> Engine:
@@ -234,6 +269,7 @@ class Database:
         self._raw_url = url
         self.engine = make_engine(url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.writer = writer_lock(self.engine)
         try:
             with self.engine.connect():
                 pass
@@ -252,7 +288,7 @@ class Database:
     def transaction(self) -> Iterator[Session]:
         """One transaction; database failures become ``StoreError``."""
         try:
-            with self.sessions.begin() as s:
+            with self.writer, self.sessions.begin() as s:
                 yield s
         except IntegrityError:
             raise

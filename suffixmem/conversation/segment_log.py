@@ -42,15 +42,15 @@ def record(store: Store, policy: RetentionPolicy, session_id: str, prompt: Promp
     reused = set(spans)
     sightings: list[SegmentSighting] = []
     tiers = []
-    for seg in prompt.segments:
-        span = prompt.token_ids[seg.start:seg.end]
-        h = segment_hash(span)
-        scope = "*" if seg.shared else session_id
-        rec = store.segment(h, scope)
+    spans = [prompt.token_ids[seg.start:seg.end] for seg in prompt.segments]
+    keys = [(segment_hash(span), "*" if seg.shared else session_id)
+            for seg, span in zip(prompt.segments, spans, strict=True)]
+    known = store.segment_states(keys)  # one read for all of them
+    for seg, span, (h, scope) in zip(prompt.segments, spans, keys, strict=True):
+        rec, seen = known.get((h, scope), (None, 0))
         feats = SegmentFeatures(
             num_tokens=len(span), kind=seg.kind, shared=seg.shared,
-            seen=0 if rec is None else store.sightings(h, scope),
-            position=seg.start, prompt_tokens=len(prompt.token_ids),
+            seen=seen, position=seg.start, prompt_tokens=len(prompt.token_ids),
             age_s=0.0 if rec is None else max(0.0, now - rec.created_at.timestamp()),
             since_last_s=0.0 if rec is None else max(0.0, now - rec.last_seen_at.timestamp()),
             sessions_seen=1 if rec is None else rec.sessions_seen,
@@ -58,11 +58,11 @@ def record(store: Store, policy: RetentionPolicy, session_id: str, prompt: Promp
         )
         hit = seg.end <= prefix or (seg.start, seg.end) in reused
         sightings.append(SegmentSighting(h, scope, seg.kind, len(span), feats.to_dict(), hit))
-        tiers.append((h, scope, policy.decide(feats)))
-    store.record_segments(session_id, sightings)
-    for h, scope, decision in tiers:
+        decision = policy.decide(feats)
         expires = None if decision.tier is Tier.PINNED else (
             datetime.now(UTC) + timedelta(seconds=TTL_S[decision.tier]))
-        store.set_segment_tier(h, scope, decision.tier.value, decision.score, expires)
+        tiers.append((h, scope, decision.tier.value, decision.score, expires))
+    # the sightings and the tiers in one write transaction
+    store.record_segments(session_id, sightings, tiers=tiers)
     return sightings
 

@@ -1,5 +1,12 @@
 """The segment half of the conversation store: the segment log (sightings), per-segment
-counters and tiers. A mixin of ``Store``: each method is one transaction (``_tx``)."""
+counters and tiers. A mixin of ``Store``: each method is one transaction (``_tx``).
+
+The log is written after every turn by the manager's background worker, in the same SQLite file
+as the turns' commits, so its write transaction is built like a commit's (``turn_store``):
+statements compiled once (``SegmentSQL``), run on the DBAPI connection, everything computed
+before ``BEGIN``. A slow one held the database's write lock while other sessions' commits
+queued behind it (``manager_overhead_ms`` p99 with concurrent sessions).
+"""
 
 from __future__ import annotations
 
@@ -9,65 +16,108 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, exists, func, insert, select, update
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
+from suffixmem.conversation.prepared import Prepared
 from suffixmem.conversation.records import SegmentEvent, SegmentRecord, SegmentSighting, aware
 from suffixmem.conversation.schema import SegmentEventRow, SegmentRow, utcnow
+
+SEGMENTS = SegmentRow.__table__
+EVENTS = SegmentEventRow.__table__
+_KEY = (SEGMENTS.c.hash == bindparam("hash")) & (SEGMENTS.c.scope == bindparam("scope"))
+_EVENT_KEYS = ("hash", "scope", "session_id", "kind", "tokens", "seen_at", "hit", "features")
+_SEGMENT_KEYS = ("hash", "scope", "kind", "tokens", "tier", "hits", "tokens_saved",
+                 "sessions_seen", "created_at", "last_seen_at")
+
+TierUpdate = tuple[str, str, str, float | None, datetime | None]
+"""``(hash, scope, tier, score, expires_at)`` for ``record_segments(..., tiers=)``."""
+
+
+class SegmentSQL:
+    """The segment log's write statements prepared for one dialect (``Store.segment_sql``)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.seen_by = Prepared(select(exists().where(
+            EVENTS.c.hash == bindparam("hash"), EVENTS.c.scope == bindparam("scope"),
+            EVENTS.c.session_id == bindparam("sid"))), dialect)
+        self.insert_event = Prepared(insert(EVENTS), dialect, _EVENT_KEYS)
+        self.segment = Prepared(select(SEGMENTS.c.id).where(_KEY), dialect)
+        self.insert_segment = Prepared(insert(SEGMENTS), dialect, _SEGMENT_KEYS)
+        self.count = Prepared(update(SEGMENTS).where(SEGMENTS.c.id == bindparam("row")).values(
+            sessions_seen=SEGMENTS.c.sessions_seen + bindparam("new_session"),
+            hits=SEGMENTS.c.hits + bindparam("hit"),
+            tokens_saved=SEGMENTS.c.tokens_saved + bindparam("saved"),
+            last_seen_at=bindparam("when")), dialect)
+        self.tier = Prepared(update(SEGMENTS).where(_KEY).values(
+            tier=bindparam("new_tier"), score=bindparam("new_score"),
+            expires_at=bindparam("new_expires")), dialect)
 
 
 class SegmentQueries:
     """Segment queries over ``Store``'s transactions."""
 
+    segment_sql: SegmentSQL
+
     def _tx(self, read: bool = False) -> contextlib.AbstractContextManager[Session]:
         raise NotImplementedError  # provided by Store
 
-    def _retrying(self, fn: Any) -> Any:
+    def _retrying(self, fn: Any, core: bool = False) -> Any:
         raise NotImplementedError  # provided by Store
 
     # -- segments -------------------------------------------------------------------------------
     def record_segments(
         self, session_id: str | None, sightings: Sequence[SegmentSighting],
-        seen_at: datetime | None = None,
+        seen_at: datetime | None = None, tiers: Sequence[TierUpdate] = (),
     ) -> None:
         """Log sightings (the value model's training data) and update the segments' counters:
-        a sighting with ``hit`` adds one hit and its tokens to ``tokens_saved``."""
+        a sighting with ``hit`` adds one hit and its tokens to ``tokens_saved``; a shared
+        (``"*"``) segment seen for the first time in ``session_id`` adds one to
+        ``sessions_seen``. ``tiers`` are set in the same transaction, after the sightings."""
         when = seen_at or utcnow()
+        # everything but the SQL is done before the transaction takes the write lock
+        events = [{"hash": g.hash, "scope": g.scope, "session_id": session_id, "kind": g.kind,
+                   "tokens": g.tokens, "seen_at": when, "hit": g.hit,
+                   "features": json.dumps(g.features, sort_keys=True)} for g in sightings]
+        tier_rows = [{"hash": h, "scope": sc, "new_tier": t, "new_score": score,
+                      "new_expires": exp} for h, sc, t, score, exp in tiers]
+        sql = self.segment_sql
 
-        def run(s: Session) -> None:
-            for g in sightings:
-                first_here = session_id is not None and g.scope == "*" and s.scalar(
-                    select(SegmentEventRow.id).where(
-                        SegmentEventRow.hash == g.hash, SegmentEventRow.scope == "*",
-                        SegmentEventRow.session_id == session_id,
-                    ).limit(1)
-                ) is None
-                s.add(SegmentEventRow(
-                    hash=g.hash, scope=g.scope, session_id=session_id, kind=g.kind,
-                    tokens=g.tokens, seen_at=when, hit=g.hit,
-                    features=json.dumps(g.features, sort_keys=True),
-                ))
-                row = s.execute(
-                    select(SegmentRow).where(SegmentRow.hash == g.hash,
-                                             SegmentRow.scope == g.scope)
-                ).scalar_one_or_none()
-                if row is None:
-                    s.add(SegmentRow(
-                        hash=g.hash, scope=g.scope, kind=g.kind, tokens=g.tokens, tier="none",
-                        hits=int(g.hit), tokens_saved=g.tokens if g.hit else 0,
-                        sessions_seen=1, created_at=when, last_seen_at=when,
-                    ))
-                    s.flush()
+        def run(conn: Any) -> None:
+            for g, event in zip(sightings, events, strict=True):
+                first_here = session_id is not None and g.scope == "*" and not sql.seen_by.scalar(
+                    conn, {"hash": g.hash, "scope": "*", "sid": session_id})
+                sql.insert_event.run(conn, event)
+                found = sql.segment.rows(conn, {"hash": g.hash, "scope": g.scope})
+                if not found:
+                    sql.insert_segment.run(conn, {
+                        "hash": g.hash, "scope": g.scope, "kind": g.kind, "tokens": g.tokens,
+                        "tier": "none", "hits": int(g.hit),
+                        "tokens_saved": g.tokens if g.hit else 0, "sessions_seen": 1,
+                        "created_at": when, "last_seen_at": when})
                     continue
-                if first_here:
-                    row.sessions_seen += 1
-                if g.hit:
-                    row.hits += 1
-                    row.tokens_saved += g.tokens
-                row.last_seen_at = when
-                s.flush()
+                sql.count.run(conn, {"row": found[0][0], "new_session": int(first_here),
+                                     "hit": int(g.hit), "saved": g.tokens if g.hit else 0,
+                                     "when": when})
+            for row in tier_rows:
+                sql.tier.run(conn, row)
 
-        self._retrying(run)
+        self._retrying(run, core=True)
+
+    def segment_states(self, keys: Sequence[tuple[str, str]]
+                       ) -> dict[tuple[str, str], tuple[SegmentRecord, int]]:
+        """``(hash, scope) -> (record, sightings)`` for the keys that exist, in one read."""
+        out: dict[tuple[str, str], tuple[SegmentRecord, int]] = {}
+        with self._tx(read=True) as s:
+            for h, scope in dict.fromkeys(keys):
+                r = s.execute(select(SegmentRow).where(
+                    SegmentRow.hash == h, SegmentRow.scope == scope)).scalar_one_or_none()
+                if r is not None:
+                    out[(h, scope)] = (_segment_record(r), int(s.scalar(
+                        select(func.count()).select_from(SegmentEventRow).where(
+                            SegmentEventRow.hash == h, SegmentEventRow.scope == scope)) or 0))
+        return out
 
     def set_segment_tier(
         self, hash_: str, scope: str, tier: str, score: float | None,
@@ -92,15 +142,7 @@ class SegmentQueries:
             r = s.execute(
                 select(SegmentRow).where(SegmentRow.hash == hash_, SegmentRow.scope == scope)
             ).scalar_one_or_none()
-            if r is None:
-                return None
-            return SegmentRecord(
-                hash=r.hash, scope=r.scope, kind=r.kind, tokens=r.tokens, tier=r.tier,
-                score=r.score, expires_at=aware(r.expires_at), hits=r.hits,
-                tokens_saved=r.tokens_saved, sessions_seen=r.sessions_seen,
-                created_at=aware(r.created_at),  # type: ignore[arg-type]
-                last_seen_at=aware(r.last_seen_at),  # type: ignore[arg-type]
-            )
+            return None if r is None else _segment_record(r)
 
     def sightings(self, hash_: str, scope: str) -> int:
         """How many times the segment was logged as seen."""
@@ -126,3 +168,13 @@ class SegmentQueries:
             ]
 
 
+
+
+def _segment_record(r: SegmentRow) -> SegmentRecord:
+    return SegmentRecord(
+        hash=r.hash, scope=r.scope, kind=r.kind, tokens=r.tokens, tier=r.tier,
+        score=r.score, expires_at=aware(r.expires_at), hits=r.hits,
+        tokens_saved=r.tokens_saved, sessions_seen=r.sessions_seen,
+        created_at=aware(r.created_at),  # type: ignore[arg-type]
+        last_seen_at=aware(r.last_seen_at),  # type: ignore[arg-type]
+    )

@@ -36,6 +36,7 @@ from suffixmem.conversation.database import (
     read_engine,
     reason,
     upgrade,
+    writer_lock,
 )
 from suffixmem.conversation.history_cache import HistoryCache
 from suffixmem.conversation.records import (
@@ -56,7 +57,7 @@ from suffixmem.conversation.schema import (
     TurnEventRow,
     utcnow,
 )
-from suffixmem.conversation.segment_store import SegmentQueries
+from suffixmem.conversation.segment_store import SegmentQueries, SegmentSQL
 from suffixmem.conversation.turn_store import TurnQueries, TurnSQL
 from suffixmem.conversation.validation import check_session_id, check_text
 from suffixmem.engine.protocol import ROLES
@@ -82,6 +83,7 @@ class Store(TurnQueries, SegmentQueries):
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._reads = sessionmaker(read_engine(self.engine), expire_on_commit=False)
         self.history_cache = HistoryCache()
+        self._writer = writer_lock(self.engine)  # this process's writers queue here (database)
         try:
             with self.engine.connect():
                 pass
@@ -92,6 +94,7 @@ class Store(TurnQueries, SegmentQueries):
             ) from e
         # compiled after the first connection: a dialect learns its server's version there
         self.turn_sql = TurnSQL(self.engine.dialect)
+        self.segment_sql = SegmentSQL(self.engine.dialect)
         if migrate:
             try:
                 upgrade(self.engine)
@@ -116,15 +119,19 @@ class Store(TurnQueries, SegmentQueries):
     def _tx(self, read: bool = False) -> Iterator[Session]:
         """One transaction; database failures become ``StoreError``. ``read``: it only reads
         (it then never waits for a writer; it must not write)."""
-        with self._errors(), (self._reads if read else self._sessions).begin() as s:
-            yield s
+        if read:
+            with self._errors(), self._reads.begin() as s:
+                yield s
+        else:
+            with self._errors(), self._writer, self._sessions.begin() as s:
+                yield s
 
     @contextlib.contextmanager
     def _conn(self, read: bool = False) -> Iterator[Any]:
         """``_tx`` on a pooled DBAPI connection, for ``prepared`` statements: the per-turn
         read and commit (``turn_store``), where SQLAlchemy's session and connection layers
         cost more than the SQL itself."""
-        with self._errors(), dbapi_transaction(self.engine, read) as c:
+        with self._errors(), dbapi_transaction(self.engine, read, self._writer) as c:
             yield c
 
     def _retrying(self, fn: Any, core: bool = False) -> Any:

@@ -172,7 +172,14 @@ def test_segments_bookkeeping(db_url: str) -> None:
     assert (rec.hits, rec.tokens_saved, rec.sessions_seen) == (2, 200, 2)
     assert [e.hit for e in st.segment_events()] == [False, True, True]
     assert st.segment_events()[0].features == {"tokens": 100.0}
-    st.record_segments("a", [SegmentSighting("h2", "a", "document", 10, {})])
+    assert st.segment_states([("h1", "*"), ("nope", "*")]) == {("h1", "*"): (rec, 3)}
+    # sightings and tiers in one transaction (the segment log's one write per turn)
+    st.record_segments("a", [SegmentSighting("h2", "a", "document", 10, {})],
+                       tiers=[("h2", "a", "standard", 0.5, None), ("h1", "*", "pinned", None,
+                                                                    None)])
+    h2, h1 = st.segment("h2", "a"), st.segment("h1", "*")
+    assert h2 is not None and (h2.tier, h2.score, h2.hits) == ("standard", 0.5, 0)
+    assert h1 is not None and (h1.tier, h1.hits, h1.sessions_seen) == ("pinned", 2, 2)
     assert st.release_segments("a") == 1
     st.delete_session("a")
     assert st.segment("h2", "a") is None and st.segment("h1", "*") is not None

@@ -109,3 +109,67 @@ def test_history_reads_only_what_changed_and_equals_the_database(db_url: str) ->
     assert a.turn_state("s") is None and len(cache) == 0
     a.close()
     b.close()
+
+
+def test_writers_of_one_file_share_one_process_lock(tmp_path: Path) -> None:
+    from suffixmem.conversation.database import writer_lock
+
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    lock = writer_lock(make_engine(f"sqlite:///{a}"))
+    # every engine of the process on that file (another Store, the checkpoint database ...)
+    assert writer_lock(make_engine(f"sqlite:///{tmp_path}/../{tmp_path.name}/a.db")) is lock
+    assert writer_lock(make_engine(f"sqlite:///{b}")) is not lock
+    assert writer_lock(make_engine("sqlite://")) is writer_lock(make_engine("sqlite://"))
+    with writer_lock(make_engine("sqlite://")):  # a no-op: one in-memory connection
+        pass
+
+
+def test_a_commit_waits_on_the_process_lock_not_on_sqlites_busy_handler(
+        sqlite_url: str) -> None:
+    # A second writer of this process must not reach BEGIN IMMEDIATE while the first holds
+    # the write lock (SQLite would make it poll with sleeps of 1, 2, 5 ... ms): it queues on
+    # the writer lock and takes it when the first transaction has ended.
+    st = Store(sqlite_url)
+    _turn(st, "q0", "r0")
+    events: list[tuple[str, str]] = []
+
+    class Recording:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def __enter__(self) -> None:
+            me = threading.current_thread().name
+            events.append(("wait", me))
+            self.inner.__enter__()  # type: ignore[attr-defined]
+            events.append(("hold", me))
+
+        def __exit__(self, *exc: object) -> None:
+            events.append(("free", threading.current_thread().name))
+            self.inner.__exit__(*exc)  # type: ignore[attr-defined]
+
+    st._writer = Recording(st._writer)  # type: ignore[assignment]
+    holding, release = threading.Event(), threading.Event()
+
+    def long_write() -> None:
+        with st._tx() as s:  # an ORM write transaction (segment bookkeeping, forks ...)
+            s.connection().exec_driver_sql("UPDATE sessions SET title = 't'")
+            holding.set()
+            release.wait(10)
+
+    first = threading.Thread(target=long_write, name="first")
+    second = threading.Thread(target=lambda: _turn(st, "q1", "r1"), name="second")
+    first.start()
+    assert holding.wait(10)
+    second.start()
+    for _ in range(200):  # until the second writer is queued
+        if ("wait", "second") in events:
+            break
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.05)
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert events == [("wait", "first"), ("hold", "first"), ("wait", "second"),
+                      ("free", "first"), ("hold", "second"), ("free", "second")]
+    assert _same_as_database(st) == ["q0", "r0", "q1", "r1"]
+    st.close()
