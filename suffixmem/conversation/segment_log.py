@@ -42,11 +42,11 @@ def record(store: Store, policy: RetentionPolicy, session_id: str, prompt: Promp
     reused = set(spans)
     sightings: list[SegmentSighting] = []
     tiers = []
-    spans = [prompt.token_ids[seg.start:seg.end] for seg in prompt.segments]
+    pieces = [prompt.token_ids[seg.start:seg.end] for seg in prompt.segments]
     keys = [(segment_hash(span), "*" if seg.shared else session_id)
-            for seg, span in zip(prompt.segments, spans, strict=True)]
+            for seg, span in zip(prompt.segments, pieces, strict=True)]
     known = store.segment_states(keys)  # one read for all of them
-    for seg, span, (h, scope) in zip(prompt.segments, spans, keys, strict=True):
+    for seg, span, (h, scope) in zip(prompt.segments, pieces, keys, strict=True):
         rec, seen = known.get((h, scope), (None, 0))
         feats = SegmentFeatures(
             num_tokens=len(span), kind=seg.kind, shared=seg.shared,

@@ -209,6 +209,8 @@ def test_issue19_targets_against_the_same_isolation() -> None:
         "suffixmem_vllm": _ok(ttft_p50_from_turn8_s=0.103, output_tok_s=19.4,
                               manager_overhead_ms_p50=0.8, manager_overhead_ms_p99=6.0),
         "suffixmem_torch": _ok(ttft_p50_from_turn8_s=0.104, output_tok_s=19.0),
+        # one cache for the application: held to vllm_direct, which shares one cache too
+        "suffixmem_vllm_app": _ok(ttft_p50_from_turn8_s=0.06, output_tok_s=25.0),
     }
     for base in ("vllm_direct", "vllm_direct_salted"):
         add_ratios(configs, base)
@@ -218,8 +220,12 @@ def test_issue19_targets_against_the_same_isolation() -> None:
     ttft = t["ttft_from_turn8_le_1_03x_vllm_direct_same_isolation"]["configs"]
     assert ttft["suffixmem_vllm"]["passed"] is True  # 0.103 <= 1.03 * 0.1 (salted, not 0.05)
     assert ttft["suffixmem_torch"]["passed"] is False
+    # 0.06 would pass against the salted peer (0.103) but not against vllm_direct (0.0515)
+    assert ttft["suffixmem_vllm_app"]["passed"] is False
+    assert ttft["suffixmem_vllm_app"]["peer"] == "vllm_direct"
     tok = t["output_tok_s_ge_0_97x_vllm_direct_same_isolation"]["configs"]
     assert tok["suffixmem_vllm"]["passed"] is True and tok["suffixmem_torch"]["passed"] is False
+    assert tok["suffixmem_vllm_app"]["passed"] is False  # 25 < 0.97 * 30
     p50 = t["manager_overhead_p50_le_1ms"]["configs"]
     assert p50["suffixmem_vllm"]["passed"] is True
     assert p50["suffixmem_torch"]["passed"] is None  # not measured: no verdict
