@@ -103,6 +103,21 @@ def test_absent_package_is_reported_missing(tmp_path: Path) -> None:
     assert "llama_cpp" in figures["reason"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (benchmarks[llamacpp])")
+def test_llamacpp_peer_runs_and_reuses_its_cache(tmp_path: Path) -> None:
+    workload = Workload(name="default", system_prompt="Be brief.",
+                        sessions=[["Hello", "What is the capital of France?"]], max_tokens=8)
+    from suffixmem.config import DEFAULT_MODEL
+
+    figures, records = run_one("llamacpp", workload, EngineOptions(model=DEFAULT_MODEL),
+                               timeout_s=300, log_dir=tmp_path)
+    assert figures["status"] == "ok", figures
+    assert [r.turn for r in records] == [1, 2]
+    assert records[0].cached_tokens == 0 and records[1].cached_tokens > 0  # turn 1's prefix
+    assert all(r.output_tokens > 0 and r.text for r in records)
+
+
 def test_unknown_configuration_is_refused() -> None:
     result = CliRunner().invoke(_app(), ["chat", "--configs", "naive,gpt5"])
     assert result.exit_code != 0
