@@ -119,16 +119,6 @@ class SegmentQueries:
                             SegmentEventRow.hash == h, SegmentEventRow.scope == scope)) or 0))
         return out
 
-    def set_segment_tier(
-        self, hash_: str, scope: str, tier: str, score: float | None,
-        expires_at: datetime | None,
-    ) -> None:
-        with self._tx() as s:
-            s.execute(
-                update(SegmentRow).where(SegmentRow.hash == hash_, SegmentRow.scope == scope)
-                .values(tier=tier, score=score, expires_at=expires_at)
-            )
-
     def release_segments(self, scope: str) -> int:
         """Mark every segment of ``scope`` as no longer cached; returns how many."""
         with self._tx() as s:
@@ -144,14 +134,6 @@ class SegmentQueries:
             ).scalar_one_or_none()
             return None if r is None else _segment_record(r)
 
-    def sightings(self, hash_: str, scope: str) -> int:
-        """How many times the segment was logged as seen."""
-        with self._tx(read=True) as s:
-            return int(s.scalar(
-                select(func.count()).select_from(SegmentEventRow).where(
-                    SegmentEventRow.hash == hash_, SegmentEventRow.scope == scope)
-            ) or 0)
-
     def segment_events(self, limit: int | None = None) -> list[SegmentEvent]:
         """Logged sightings, oldest first."""
         with self._tx(read=True) as s:
@@ -166,8 +148,6 @@ class SegmentQueries:
                 )
                 for r in s.scalars(q)
             ]
-
-
 
 
 def _segment_record(r: SegmentRow) -> SegmentRecord:

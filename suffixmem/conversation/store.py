@@ -70,6 +70,7 @@ __all__ = [
 ]
 
 START_TEMPERATURE = 0.8
+_NO_WRITER = contextlib.nullcontext()  # read transactions take no writer lock
 _RETRIES = 5
 
 
@@ -119,12 +120,9 @@ class Store(TurnQueries, SegmentQueries):
     def _tx(self, read: bool = False) -> Iterator[Session]:
         """One transaction; database failures become ``StoreError``. ``read``: it only reads
         (it then never waits for a writer; it must not write)."""
-        if read:
-            with self._errors(), self._reads.begin() as s:
-                yield s
-        else:
-            with self._errors(), self._writer, self._sessions.begin() as s:
-                yield s
+        maker, writer = (self._reads, _NO_WRITER) if read else (self._sessions, self._writer)
+        with self._errors(), writer, maker.begin() as s:
+            yield s
 
     @contextlib.contextmanager
     def _conn(self, read: bool = False) -> Iterator[Any]:

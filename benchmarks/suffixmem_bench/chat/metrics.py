@@ -201,16 +201,26 @@ def evaluate_targets(configs: dict[str, dict[str, Any]], workload: str) -> dict[
     direct = ok.get("vllm_direct")
     targets: dict[str, Any] = {}
 
-    def check(name: str, rule: str, need: dict[str, Any] | None, test: Any) -> None:
+    def check(name: str, rule: str, need: dict[str, Any] | None, test: Any,
+              peer_of: Any = None) -> None:
+        """``test(figures, reference)`` for every configuration; the reference is ``need``,
+        or with ``peer_of(config) -> name`` that configuration's own peer (else vllm_direct)."""
         results = {}
         for cfg, fig in ours.items():
+            peer = None
+            if peer_of is not None:
+                peer = peer_of(cfg)
+                peer = peer if peer in ok else "vllm_direct"
+                need = ok.get(peer)
             if need is None:
                 results[cfg] = {"passed": None, "why": "reference configuration did not run"}
-            else:
-                value, limit, passed = test(fig, need)
-                if not (_finite(value) and _finite(limit)):
-                    passed = None
-                results[cfg] = {"value": value, "limit": limit, "passed": passed}
+                continue
+            value, limit, passed = test(fig, need)
+            if not (_finite(value) and _finite(limit)):
+                passed = None
+            results[cfg] = {"value": value, "limit": limit, "passed": passed}
+            if peer is not None:
+                results[cfg]["peer"] = peer
         targets[name] = {"rule": rule, "configs": results,
                          "passed": _all([r["passed"] for r in results.values()])}
 
@@ -241,29 +251,16 @@ def evaluate_targets(configs: dict[str, dict[str, Any]], workload: str) -> dict[
     # issue 19: zero-cost middleware, against vLLM with the same isolation: a cache per
     # session (vllm_direct_salted) for most configurations, one cache for the application
     # (vllm_direct) for those that share it (the ``app`` scope)
-    for name, rule, test in (
-        ("ttft_from_turn8_le_1_03x_vllm_direct_same_isolation",
-         "p50 TTFT from turn 8 <= 1.03x vllm_direct's at the same isolation",
-         lambda f, d: (f["ttft_p50_from_turn8_s"], 1.03 * d["ttft_p50_from_turn8_s"],
-                       f["ttft_p50_from_turn8_s"] <= 1.03 * d["ttft_p50_from_turn8_s"])),
-        ("output_tok_s_ge_0_97x_vllm_direct_same_isolation",
-         "output tokens/s >= 0.97x vllm_direct's at the same isolation",
-         lambda f, d: (f["output_tok_s"], 0.97 * d["output_tok_s"],
-                       f["output_tok_s"] >= 0.97 * d["output_tok_s"])),
-    ):
-        results = {}
-        for cfg, fig in ours.items():
-            peer_name = same_isolation_peer(cfg)
-            peer = ok.get(peer_name) or direct
-            if peer is None:
-                results[cfg] = {"passed": None, "why": "reference configuration did not run"}
-                continue
-            value, limit, passed = test(fig, peer)
-            results[cfg] = {"value": value, "limit": limit,
-                            "passed": passed if _finite(value) and _finite(limit) else None,
-                            "peer": peer_name if peer_name in ok else "vllm_direct"}
-        targets[name] = {"rule": rule, "configs": results,
-                         "passed": _all([r["passed"] for r in results.values()])}
+    check("ttft_from_turn8_le_1_03x_vllm_direct_same_isolation",
+          "p50 TTFT from turn 8 <= 1.03x vllm_direct's at the same isolation", None,
+          lambda f, d: (f["ttft_p50_from_turn8_s"], 1.03 * d["ttft_p50_from_turn8_s"],
+                        f["ttft_p50_from_turn8_s"] <= 1.03 * d["ttft_p50_from_turn8_s"]),
+          peer_of=same_isolation_peer)
+    check("output_tok_s_ge_0_97x_vllm_direct_same_isolation",
+          "output tokens/s >= 0.97x vllm_direct's at the same isolation", None,
+          lambda f, d: (f["output_tok_s"], 0.97 * d["output_tok_s"],
+                        f["output_tok_s"] >= 0.97 * d["output_tok_s"]),
+          peer_of=same_isolation_peer)
     check("manager_overhead_p50_le_1ms", "manager overhead p50 <= 1 ms", {},
           lambda f, _d: _at_most(f.get("manager_overhead_ms_p50"), 1.0))
     check("manager_overhead_p99_le_5ms", "manager overhead p99 <= 5 ms", {},
