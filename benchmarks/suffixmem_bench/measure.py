@@ -116,6 +116,28 @@ def matmul_gflops(size: int = 384, seconds: float = 0.2) -> float:
     return 2 * size**3 / best / 1e9
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB since it started its program.
+
+    Linux: ``VmHWM`` of ``/proc/self/status``, the high-water mark of the process's current
+    memory map. Not ``getrusage``'s ``ru_maxrss``: the kernel carries it across ``exec``, so a
+    child started by a 350 MB parent reports at least 350 MB however little it uses (Python's
+    ``subprocess`` starts children with ``vfork``, which shares the parent's map until exec).
+    Elsewhere ``ru_maxrss`` (KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
 def load_avg() -> list[float]:
     """The 1/5/15-minute load average (empty where the OS has none)."""
     try:

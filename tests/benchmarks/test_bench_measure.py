@@ -66,3 +66,20 @@ def test_a_probe_below_half_the_idle_rate_is_noisy(tmp_path: Path,
     assert not (tmp_path / "idle.json").exists()  # an override is not recorded
     monkeypatch.setenv(measure.IDLE_ENV, "1e-9")
     assert ctx.fields()["noisy"] is False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
+def test_peak_rss_of_a_child_is_its_own_not_its_parents() -> None:
+    # ru_maxrss survives exec: a child of a process holding 400 MB would report >= 400 MB
+    import subprocess
+
+    held = bytearray(400 << 20)
+    held[::4096] = b"\x01" * len(held[::4096])  # touch every page so it is resident
+    code = ("import json; from suffixmem_bench.measure import peak_rss_mb; "
+            "big = bytearray(60 << 20); big[::4096] = b'\\x01' * len(big[::4096]); "
+            "print(json.dumps(peak_rss_mb()))")
+    child = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                      text=True, check=True).stdout)
+    assert measure.peak_rss_mb() >= 400
+    assert 60 <= child < 300, child  # its own 60 MB plus the interpreter, not the parent's 400
+    del held

@@ -135,6 +135,9 @@ def test_bench_json_shape() -> None:
     for d in r["datasets"].values():
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "turns", "jumps"}
         assert 0 <= d["f1"] <= 1 and d["turns"] > 0
+        # every scored turn called a jump: precision = jumps / turns, recall 1
+        rate = d["jumps"] / d["turns"]
+        assert d["all_jumps_f1"] == pytest.approx(2 * rate / (rate + 1), abs=1e-4)
     assert r["f1"] == r["datasets"]["natural"]["f1"]
     assert r["f1_min"] == min(d["f1"] for d in r["datasets"].values())
     assert r["ms_per_turn_p99"] > 0 and r["peak_mb"] > 0

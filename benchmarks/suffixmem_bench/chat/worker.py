@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import threading
 import time
@@ -26,10 +25,7 @@ from typing import IO, Any
 from suffixmem_bench.chat.metrics import CeilingTracker, TurnRecord
 from suffixmem_bench.chat.peers import ChatConfig, EngineOptions
 from suffixmem_bench.chat.workload import Workload, schedule
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+from suffixmem_bench.measure import peak_rss_mb
 
 
 def run_config(
@@ -138,7 +134,7 @@ def main(spec_path: str, out: IO[str]) -> int:
             config.close()
         except Exception:  # teardown problems must not hide the figures
             traceback.print_exc()
-    send({"event": "done", "wall_s": wall, "peak_rss_mb": _peak_rss_mb(), **kv})
+    send({"event": "done", "wall_s": wall, "peak_rss_mb": peak_rss_mb(), **kv})
     return 0
 
 
