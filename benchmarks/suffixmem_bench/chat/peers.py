@@ -113,31 +113,55 @@ def kv_bytes_per_token(model_path: Path, dtype_bytes: int = 2) -> int:
 
 
 class _TextHistory:
-    """Per-session chat history as ``{"role", "content"}`` dicts, the way a framework keeps it."""
+    """Per-session chat history as ``{"role", "content"}`` dicts, the way a framework keeps it.
 
-    def __init__(self, tokenizer: Any) -> None:
+    With ``budget`` (prompt tokens: the context window less the reply's ``max_tokens``) a prompt
+    that would not fit drops the session's oldest exchanges, user and reply together, until it
+    does: the sliding window frameworks apply (LangChain's ``trim_messages(strategy="last",
+    include_system=True)``, LlamaIndex's ``ChatMemoryBuffer``). The window only moves forward.
+    Without a budget nothing is dropped and an over-long prompt is the engine's error.
+    """
+
+    def __init__(self, tokenizer: Any, budget: int | None = None) -> None:
         self.tokenizer = tokenizer
+        self.budget = budget
         self.history: dict[int, list[dict[str, str]]] = {}
+        self.start: dict[int, int] = {}  # session -> index of its first exchange kept
+        self.dropped_turns = 0  # exchanges dropped by the window, all sessions
 
     def open(self, session: int, system_prompt: str) -> None:
         self.history[session] = (
             [{"role": "system", "content": system_prompt}] if system_prompt else []
         )
+        self.start[session] = 0
 
     def set_system(self, session: int, system_prompt: str) -> None:
         hist = self.history[session]
         rest = hist[1:] if hist and hist[0]["role"] == "system" else hist
         self.history[session] = [{"role": "system", "content": system_prompt}, *rest]
 
+    def _messages(self, session: int, text: str) -> list[dict[str, str]]:
+        hist = self.history[session]
+        head = 1 if hist and hist[0]["role"] == "system" else 0
+        kept = hist[head + 2 * self.start.get(session, 0):]
+        return [*hist[:head], *kept, {"role": "user", "content": text}]
+
     def prompt_text(self, session: int, text: str) -> str:
-        messages = [*self.history[session], {"role": "user", "content": text}]
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            self._messages(session, text), tokenize=False, add_generation_prompt=True
         )
 
     def prompt_ids(self, session: int, text: str) -> list[int]:
-        return list(self.tokenizer(self.prompt_text(session, text),
-                                   add_special_tokens=False)["input_ids"])
+        while True:
+            ids = list(self.tokenizer(self.prompt_text(session, text),
+                                      add_special_tokens=False)["input_ids"])
+            hist = self.history[session]
+            head = 1 if hist and hist[0]["role"] == "system" else 0
+            exchanges = (len(hist) - head) // 2 - self.start.get(session, 0)
+            if self.budget is None or len(ids) <= self.budget or exchanges <= 0:
+                return ids
+            self.start[session] = self.start.get(session, 0) + 1
+            self.dropped_turns += 1
 
     def append(self, session: int, user: str, reply: str) -> None:
         self.history[session] += [{"role": "user", "content": user},
@@ -181,7 +205,8 @@ class VLLMHistory(ChatConfig):
             kv_cache_gib=options.kv_cache_gib, enable_prefix_caching=prefix_caching,
             **vllm_pool_extra(options),
         )
-        self.chat = _TextHistory(self.engine.tokenizer)
+        self.chat = _TextHistory(self.engine.tokenizer,
+                                 budget=options.max_model_len - options.max_tokens)
         self.prefix_caching = prefix_caching
 
     def open(self, session: int, system_prompt: str) -> None:
@@ -268,7 +293,8 @@ class TransformersGenerate(ChatConfig):
         self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.bfloat16)
         self.model.eval()
         self.eos = self.tokenizer.eos_token_id
-        self.chat = _TextHistory(self.tokenizer)
+        self.chat = _TextHistory(self.tokenizer,
+                                 budget=options.max_model_len - options.max_tokens)
         self.per_token = kv_bytes_per_token(self.path)
         self.peak_tokens = 0
         self._lock = threading.Lock()
@@ -331,7 +357,8 @@ class LlamaCpp(ChatConfig):
         self.options = options
         path = resolve_model(options.model, progress=False)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.chat = _TextHistory(self.tokenizer)
+        self.chat = _TextHistory(self.tokenizer,
+                                 budget=options.max_model_len - options.max_tokens)
         self.per_token = kv_bytes_per_token(path)  # llama.cpp's default KV type is f16
         self.llm = llama_cpp.Llama(
             model_path=str(gguf_path(MODELS[options.model])), n_ctx=options.max_model_len,
