@@ -300,7 +300,8 @@ def register(bench: typer.Typer) -> None:
         decode_tokens: int = typer.Option(64, help="Tokens decoded for the per-token figure."),
         engines: str = typer.Option(",".join(ENGINE_NAMES), help="Comma-separated engines."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
-        repeats: int = typer.Option(3, help="Interleaved rounds (>= 3; median, min, max)."),
+        repeats: int = typer.Option(3, min=3,
+                                    help="Interleaved rounds (>= 3; median, min, max)."),
         threads: str = typer.Option("", help="Comma-separated thread counts "
                                     "(default: 1 and all cores)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),

@@ -275,7 +275,7 @@ def register(bench: typer.Typer) -> None:
         max_tokens: int = typer.Option(32, min=1, help="Reply length per turn."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
         peer: bool = typer.Option(True, help="Also run stock `vllm serve` on the workload."),
-        repeats: int = typer.Option(3, help="Alternating rounds per server (>= 3)."),
+        repeats: int = typer.Option(3, min=3, help="Alternating rounds per server (>= 3)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """suffixmem serve against vllm serve over HTTP on loopback: TTFT, throughput,

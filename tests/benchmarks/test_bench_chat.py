@@ -124,6 +124,13 @@ def test_unknown_configuration_is_refused() -> None:
     assert "gpt5" in result.output
 
 
+def test_too_few_repeats_is_a_usage_error_not_a_traceback() -> None:
+    result = CliRunner().invoke(_app(), ["chat", "--configs", "naive", "--repeats", "1"])
+    assert result.exit_code == 2  # click's usage error, before any engine starts
+    assert "--repeats" in result.output and "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def test_keep_db_gives_every_round_a_fresh_database(tmp_path: Path) -> None:
     # one database reused across rounds continued the last round's sessions: longer prompts
     # than the peers' (found in a --keep-db run: 110k prompt tokens against vllm_direct's 60k)

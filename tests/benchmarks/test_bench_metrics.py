@@ -188,6 +188,21 @@ def test_summarize_reports_manager_overhead_and_both_ceilings() -> None:
     assert math.isnan(summarize(_records(), 9.0)["manager_overhead_ms_p50"])
 
 
+def test_summarize_reports_the_turns_that_dropped_history() -> None:
+    recs = _records()
+    fig = summarize(recs, wall_s=9.0)
+    assert fig["window_turns"] == 0 and math.isnan(fig["ttft_p50_window_s"])
+    assert fig["ttft_mean_s"] == pytest.approx(sum(r.ttft_s for r in recs) / len(recs))
+    assert fig["computed_tokens_mean"] == pytest.approx(
+        sum(r.prompt_tokens - r.cached_tokens for r in recs) / len(recs))
+    for r in recs:
+        r.dropped_turns = 2 if r.turn >= 8 else 0  # turns 8 and 9 of both sessions
+    fig = summarize(recs, wall_s=9.0)
+    assert fig["window_turns"] == 4
+    assert fig["ttft_p50_window_s"] == pytest.approx(percentile([0.8, 0.81, 0.9, 0.91], 50))
+    assert TurnRecord.from_dict(recs[-1].to_dict()).dropped_turns == 2
+
+
 def test_merge_repeats_takes_medians_and_spreads() -> None:
     runs = [_ok(ttft_p50_from_turn8_s=x, output_tok_s=y) for x, y in
             ((0.3, 10.0), (0.1, 30.0), (0.2, 20.0))]

@@ -30,7 +30,11 @@ def test_window_keeps_system_and_newest_exchanges_within_budget(tokenizer) -> No
     assert text.count("careful assistant") == 20  # the system prompt is never trimmed
     assert "question number 29 " in text and "answer number 29:" in text
     dropped = chat.start[0]
-    assert dropped == chat.dropped_turns > 0
+    assert dropped == chat.dropped_turns == chat.last_dropped[0] > 0
+    chat.append(0, "and tomorrow?", "rain")
+    chat.prompt_ids(0, "ok")  # the next prompt fits after at most one more exchange goes
+    assert chat.last_dropped[0] <= 1 and chat.start[0] == dropped + chat.last_dropped[0]
+    chat.start[0] = dropped
     # whole exchanges go: the oldest kept exchange has both its question and its answer
     assert f"question number {dropped - 1} " not in text
     assert f"answer number {dropped - 1}:" not in text

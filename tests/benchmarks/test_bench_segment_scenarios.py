@@ -76,6 +76,20 @@ def test_targets_compare_with_vllm_direct() -> None:
         is None
 
 
+def test_overflow_targets_add_the_turns_that_dropped_history() -> None:
+    direct = {"status": "ok", "ttft_p50_s": 0.04, "ttft_p50_window_s": 0.9}
+    shift = {"status": "ok", "ttft_p50_s": 0.04, "ttft_p50_window_s": 0.2}
+    never = {"status": "ok", "ttft_p50_s": 0.04, "ttft_p50_window_s": float("nan")}
+    t = get("overflow").targets({"vllm_direct": direct, "suffixmem_torch_segments": shift})
+    assert t["ttft_p50_le_third_of_vllm_direct"]["passed"] is False  # warm turns tie
+    window = t["window_turn_ttft_p50_le_third_of_vllm_direct"]
+    assert window["passed"] is True
+    assert window["configs"]["suffixmem_torch_segments"]["limit"] == pytest.approx(0.3)
+    # a configuration whose history never outgrew the window has no such figure: n/a
+    t = get("overflow").targets({"vllm_direct": direct, "suffixmem_torch": never})
+    assert t["window_turn_ttft_p50_le_third_of_vllm_direct"]["passed"] is None
+
+
 def test_method_labels_parse_back() -> None:
     from suffixmem.errors import InvalidRequestError
 

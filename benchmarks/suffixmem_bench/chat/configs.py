@@ -175,7 +175,7 @@ class SuffixmemChat(ChatConfig):
         result = final.result
         return TurnOutcome(final.text, self._recorded_ids(), list(result.token_ids),
                            final.cached_tokens, ttft or latency, latency, result.ttft_s,
-                           final.manager_overhead_ms)
+                           final.manager_overhead_ms, dropped_turns=final.evicted_turns)
 
     def kv_memory(self) -> dict[str, float]:
         stats = self.engine.stats()

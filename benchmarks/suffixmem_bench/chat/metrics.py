@@ -18,6 +18,10 @@ Definitions (times in seconds, token counts in model tokens):
   the engine's ``Result`` (right after the last token) until the call returns its
   ``TurnResult``; the benchmark's own time between streamed events is not counted. suffixmem
   configurations only.
+- ``window_turns``: turns whose prompt dropped history to fit the context window (a framework's
+  sliding window moving, or the manager's layout evicting: ``dropped_turns`` > 0);
+  ``ttft_p50_window_s`` the p50 TTFT over those turns (NaN without any), ``ttft_mean_s`` over all
+  turns, ``computed_tokens_mean`` the prompt tokens per turn that were not cached.
 - ``output_tok_s`` and ``prompt_tok_s``: tokens over the wall time of the whole workload
   (engine start-up excluded).
 - Percentiles interpolate linearly between order statistics (numpy's default method).
@@ -34,7 +38,8 @@ from typing import Any
 RATIO_KEYS: tuple[str, ...] = (
     "ttft_p50_s", "ttft_p50_from_turn8_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s",
     "output_tok_s", "prompt_tok_s", "hit_rate", "hit_ceiling", "hit_ceiling_cross_session",
-    "peak_rss_mb", "kv_pool_mb", "kv_held_mb",
+    "peak_rss_mb", "kv_pool_mb", "kv_held_mb", "ttft_mean_s", "ttft_p50_window_s",
+    "computed_tokens_mean",
 )
 FROM_TURN = 8  # 1-based turn from which the "steady state" TTFT is taken
 
@@ -56,6 +61,7 @@ class TurnRecord:
     text: str = ""
     seen_any_tokens: int = 0
     manager_overhead_ms: float | None = None
+    dropped_turns: int | None = None  # exchanges this turn's prompt dropped (None: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +132,7 @@ def summarize(records: Sequence[TurnRecord], wall_s: float) -> dict[str, float]:
     lat = [r.latency_s for r in records]
     overhead = [r.manager_overhead_ms for r in records if r.manager_overhead_ms is not None]
     prompt = sum(r.prompt_tokens for r in records)
+    window = [r.ttft_s for r in records if r.dropped_turns]
     return {
         "turns": len(records),
         "ttft_p50_s": percentile(ttft, 50),
@@ -140,6 +147,11 @@ def summarize(records: Sequence[TurnRecord], wall_s: float) -> dict[str, float]:
         "hit_ceiling_cross_session": _div(sum(r.seen_any_tokens for r in records), prompt),
         "manager_overhead_ms_p50": percentile(overhead, 50),
         "manager_overhead_ms_p99": percentile(overhead, 99),
+        "ttft_mean_s": _div(sum(ttft), len(ttft)),
+        "window_turns": len(window),
+        "ttft_p50_window_s": percentile(window, 50),
+        "computed_tokens_mean": _div(sum(r.prompt_tokens - r.cached_tokens for r in records),
+                                     len(records)),
         "prompt_tokens": prompt,
         "cached_tokens": sum(r.cached_tokens for r in records),
         "output_tokens": sum(r.output_tokens for r in records),

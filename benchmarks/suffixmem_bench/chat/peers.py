@@ -36,6 +36,7 @@ class TurnOutcome:
     latency_s: float
     engine_ttft_s: float | None = None
     manager_overhead_ms: float | None = None  # suffixmem configurations only
+    dropped_turns: int | None = None  # exchanges the prompt dropped to fit (None: unknown)
 
 
 @dataclass(slots=True)
@@ -128,6 +129,7 @@ class _TextHistory:
         self.history: dict[int, list[dict[str, str]]] = {}
         self.start: dict[int, int] = {}  # session -> index of its first exchange kept
         self.dropped_turns = 0  # exchanges dropped by the window, all sessions
+        self.last_dropped: dict[int, int] = {}  # session -> dropped by its last prompt_ids
 
     def open(self, session: int, system_prompt: str) -> None:
         self.history[session] = (
@@ -152,6 +154,7 @@ class _TextHistory:
         )
 
     def prompt_ids(self, session: int, text: str) -> list[int]:
+        self.last_dropped[session] = 0
         while True:
             ids = list(self.tokenizer(self.prompt_text(session, text),
                                       add_special_tokens=False)["input_ids"])
@@ -162,6 +165,7 @@ class _TextHistory:
                 return ids
             self.start[session] = self.start.get(session, 0) + 1
             self.dropped_turns += 1
+            self.last_dropped[session] += 1
 
     def append(self, session: int, user: str, reply: str) -> None:
         self.history[session] += [{"role": "user", "content": user},
@@ -239,7 +243,8 @@ class VLLMHistory(ChatConfig):
         assert result is not None
         self.chat.append(session, text, result.text)
         return TurnOutcome(result.text, ids, list(result.token_ids), result.cached_tokens,
-                           ttft or latency, latency, result.ttft_s)
+                           ttft or latency, latency, result.ttft_s,
+                           dropped_turns=self.chat.last_dropped.get(session, 0))
 
     def kv_memory(self) -> dict[str, float]:
         stats = self.engine.stats()
@@ -327,7 +332,8 @@ class TransformersGenerate(ChatConfig):
         with self._lock:
             self.peak_tokens = max(self.peak_tokens, len(ids) + len(reply) + 1)
         self.chat.append(session, text, reply_text)
-        return TurnOutcome(reply_text, ids, reply, 0, clock.ttft or latency, latency)
+        return TurnOutcome(reply_text, ids, reply, 0, clock.ttft or latency, latency,
+                           dropped_turns=self.chat.last_dropped.get(session, 0))
 
     def kv_memory(self) -> dict[str, float]:
         # The DynamicCache lives for one generate call: report the largest one.
@@ -402,7 +408,8 @@ class LlamaCpp(ChatConfig):
         reply = "".join(pieces)
         reply_ids = self.llm.tokenize(reply.encode(), add_bos=False, special=False)
         self.chat.append(session, text, reply)
-        return TurnOutcome(reply, list(ids), list(reply_ids), cached, ttft or latency, latency)
+        return TurnOutcome(reply, list(ids), list(reply_ids), cached, ttft or latency, latency,
+                           dropped_turns=self.chat.last_dropped.get(session, 0))
 
     def kv_memory(self) -> dict[str, float]:
         return {

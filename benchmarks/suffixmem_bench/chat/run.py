@@ -326,7 +326,8 @@ def register(bench: typer.Typer) -> None:
         timeout: float = typer.Option(1800.0, help="Per-configuration time limit, seconds."),
         out: str = typer.Option(str(DEFAULT_OUT),
                                  help="Results folder; the report goes in OUT/<workload>."),
-        repeats: int = typer.Option(3, help="Alternating rounds of every configuration (>= 3)."),
+        repeats: int = typer.Option(
+            3, min=3, help="Alternating rounds of every configuration (>= 3)."),
         keep_db: str | None = typer.Option(None, help="Keep each suffixmem configuration's "
                                            "database (segment log) in this folder."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),

@@ -55,7 +55,7 @@ def run_config(
             cached_tokens=out.cached_tokens, output_tokens=len(out.reply_ids),
             seen_tokens=seen, ttft_s=out.ttft_s, latency_s=out.latency_s,
             engine_ttft_s=out.engine_ttft_s, text=out.text, seen_any_tokens=seen_any,
-            manager_overhead_ms=out.manager_overhead_ms,
+            manager_overhead_ms=out.manager_overhead_ms, dropped_turns=out.dropped_turns,
         )
         with lock:
             records.append(record)

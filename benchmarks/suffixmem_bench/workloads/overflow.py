@@ -9,6 +9,7 @@ when the stable layout drops old turns (``ManagerConfig(exact=False)`` + the seg
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from suffixmem_bench.chat.workload import Counter, Workload, build_workload
@@ -32,8 +33,18 @@ def build(count: Counter, **overrides: int) -> Workload:
 
 
 def targets(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """TTFT p50 <= 1/3 of vllm_direct's (the quality gate is ``bench segments``')."""
+    """The issue's target, TTFT p50 <= 1/3 of vllm_direct's (the quality gate is ``bench
+    segments'``), and the same rule over the turns whose prompt dropped history
+    (``ttft_p50_window_s``, each configuration over its own such turns). The second is ours, not
+    the issue's: as pinned, a session's history outgrows the window only in its last turns, so
+    the p50 over all turns is a warm prefix-cache hit for every configuration and cannot show
+    what happens when the window moves."""
     from suffixmem_bench.workloads import ttft_vs_direct
 
-    return ttft_vs_direct(configs, "ttft_p50_le_third_of_vllm_direct",
-                          "p50 TTFT <= 1/3 of vllm_direct's", lambda f: f["ttft_p50_s"], 1 / 3)
+    out = ttft_vs_direct(configs, "ttft_p50_le_third_of_vllm_direct",
+                         "p50 TTFT <= 1/3 of vllm_direct's", lambda f: f["ttft_p50_s"], 1 / 3)
+    out.update(ttft_vs_direct(
+        configs, "window_turn_ttft_p50_le_third_of_vllm_direct",
+        "p50 TTFT over the turns that dropped history <= 1/3 of vllm_direct's (ours)",
+        lambda f: f.get("ttft_p50_window_s", math.nan), 1 / 3))
+    return out
