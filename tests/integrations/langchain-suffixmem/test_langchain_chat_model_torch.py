@@ -35,8 +35,7 @@ class TestSuffixMemChatModelTorchEngine(StandardFlags, ChatModelIntegrationTests
         Left free, the 135M model's greedy choice between calling ``get_weather`` and answering
         in text is a near-tie on this engine's bf16 kernels: on a fresh install of 2026-12-01
         (langchain-core 1.8.3, torch 2.13) it answered in text, while the vLLM engine still calls
-        the tool (its kernels round differently), and the `output_version="v1"` case (run second,
-        on a warm prefix cache) called it. The
+        the tool (its kernels round differently) and so did the `output_version="v1"` case. The
         loop itself is what this checks: the call parsed into one ``tool_call`` block, the
         tool's ``ToolMessage`` sent back, and a reply to it with the tool still bound."""
 
