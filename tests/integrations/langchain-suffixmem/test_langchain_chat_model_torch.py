@@ -28,16 +28,25 @@ class TestSuffixMemChatModelTorchEngine(StandardFlags, ChatModelIntegrationTests
     def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
         return cache_read_probe(TORCH_PARAMS, "torch-cache-read-probe", stream)
 
+    @pytest.mark.xfail(strict=False, reason=(
+        "the 135M model's greedy choice between calling the tool and answering in text is a "
+        "near-tie on the torch engine's bf16 kernels (text on a fresh install of 2026-12-01); "
+        "the loop itself: test_agent_loop_with_required_tool_call"))
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_agent_loop(self, model: BaseChatModel) -> None:
-        """The standard agent loop with the first step's tool call required (``tool_choice``).
+        super().test_agent_loop(model)
 
-        Left free, the 135M model's greedy choice between calling ``get_weather`` and answering
-        in text is a near-tie on this engine's bf16 kernels: on a fresh install of 2026-12-01
-        (langchain-core 1.8.3, torch 2.13) it answered in text, while the vLLM engine still calls
-        the tool (its kernels round differently) and so did the `output_version="v1"` case. The
-        loop itself is what this checks: the call parsed into one ``tool_call`` block, the
-        tool's ``ToolMessage`` sent back, and a reply to it with the tool still bound."""
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_agent_loop_with_required_tool_call(self, model: BaseChatModel) -> None:
+        """LangChain's agent loop with the first step's tool call required (``tool_choice``).
+
+        Left free (the standard ``test_agent_loop``), the 135M model's greedy choice between
+        calling ``get_weather`` and answering in text is a near-tie on this engine's bf16
+        kernels: on a fresh install of 2026-12-01 (langchain-core 1.8.3, torch 2.13) it answered
+        in text, while the vLLM engine still calls the tool (its kernels round differently) and
+        so did the `output_version="v1"` case. The loop itself is what this checks: the call
+        parsed into one ``tool_call`` block, the tool's ``ToolMessage`` sent back, and a reply
+        to it with the tool still bound."""
 
         @tool
         def get_weather(location: str) -> str:
