@@ -142,9 +142,13 @@ class _TextHistory:
         rest = hist[1:] if hist and hist[0]["role"] == "system" else hist
         self.history[session] = [{"role": "system", "content": system_prompt}, *rest]
 
-    def _messages(self, session: int, text: str) -> list[dict[str, str]]:
+    def _head(self, session: int) -> int:
+        """1 when the session's history starts with its system message (never dropped)."""
         hist = self.history[session]
-        head = 1 if hist and hist[0]["role"] == "system" else 0
+        return 1 if hist and hist[0]["role"] == "system" else 0
+
+    def _messages(self, session: int, text: str) -> list[dict[str, str]]:
+        hist, head = self.history[session], self._head(session)
         kept = hist[head + 2 * self.start.get(session, 0):]
         return [*hist[:head], *kept, {"role": "user", "content": text}]
 
@@ -158,9 +162,8 @@ class _TextHistory:
         while True:
             ids = list(self.tokenizer(self.prompt_text(session, text),
                                       add_special_tokens=False)["input_ids"])
-            hist = self.history[session]
-            head = 1 if hist and hist[0]["role"] == "system" else 0
-            exchanges = (len(hist) - head) // 2 - self.start.get(session, 0)
+            exchanges = ((len(self.history[session]) - self._head(session)) // 2
+                         - self.start.get(session, 0))
             if self.budget is None or len(ids) <= self.budget or exchanges <= 0:
                 return ids
             self.start[session] = self.start.get(session, 0) + 1
