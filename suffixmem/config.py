@@ -94,6 +94,11 @@ class EngineConfig:
     - ``dtype``: ``bfloat16`` (default), ``float32`` or ``float16`` (CUDA only).
     - ``segment_reuse``: (torch engine) keep a segment cache so that marked segments of a prompt
       (``Request.segments``) are reused at new positions when a request sets ``exact=False``.
+    - ``context_shift``: (torch engine, default on) when a request with ``exact=False`` drops a
+      session's old turns, its kept turns' KV is reused at their new positions (RoPE
+      re-rotation; ``suffixmem.engine.reuse.context_shift``). On by default: ``bench segments``'
+      gate passes on the overflow workload's real eviction turns (docs/segment-reuse.md);
+      exact requests are never affected. The vLLM engine has no such hook and ignores it.
     - ``kv_tier``: keep KV blocks that leave the pool on disk and load them back when their
       session returns, also after a restart (see docs/kv-tier.md). ``kv_tier_dir`` (default
       ``$SUFFIXMEM_HOME/kv``), ``kv_tier_gib`` (byte budget) and ``kv_tier_policy`` (a
@@ -116,6 +121,7 @@ class EngineConfig:
     enforce_eager: bool | None = None
     seed: int = 0
     segment_reuse: bool = False
+    context_shift: bool = True
     kv_tier: bool = False
     kv_tier_dir: str | None = None
     kv_tier_gib: float = 4.0

@@ -118,7 +118,8 @@ class TurnPath:
             engine_start = time.perf_counter()
             result: Result | None = None
             kicked = False
-            for event in stream_turn(self.engine, plan, self.config.exact):
+            for event in stream_turn(self.engine, plan, self.config.exact,
+                                     self.config.context_shift):
                 if isinstance(event, Result):
                     result = event
                     continue

@@ -149,12 +149,19 @@ def build_prompt(layout: Layout, engine: Any, spec: TurnSpec, max_model_len: int
                         spec.window_start, budget)
 
 
-def stream_turn(engine: Any, plan: Plan, exact: bool) -> Iterator[TokenEvent | Result]:
+def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = False
+                ) -> Iterator[TokenEvent | Result]:
     """The engine's events for ``plan``; an early close or failure closes the engine stream
-    (which aborts the request). Raises unless generation completed."""
+    (which aborts the request). Raises unless generation completed. ``exact=False`` lets the
+    engine reuse the prompt's document segments approximately; ``context_shift`` (with
+    ``exact``) sends an exact turn as ``exact=False`` without segments, so that only the
+    engine's context shift may approximate: kept turns at new positions after the layout
+    dropped old ones. A turn that replaces the history (an application resending a changed
+    conversation) stays exact: reuse there is another workload class, with its own gate."""
+    shift = exact and context_shift and not plan.spec.replace
     request = Request(
         session_key=plan.spec.key, token_ids=plan.prompt.token_ids, sampling=plan.sampling,
-        segments=plan.prompt.segments, exact=exact,
+        segments=() if shift else plan.prompt.segments, exact=exact and not shift,
     )
     events = engine.stream(request)
     result: Result | None = None

@@ -13,6 +13,8 @@ Contract:
 - ``ContextShift.remember(session_key, token_ids)`` keeps a reference to the list of the
   session's newest sequence (its prompt now, its output once generated: the engine appends in
   place), for at most ``max_sessions`` sessions (least recently used forgotten first).
+- ``ContextShift.continues(session_key, prompt)``: the prompt extends the previous sequence, so
+  nothing moved (checked before any block lookup).
 - ``ContextShift.runs(session_key, prompt, start, cached_len)`` returns ``ShiftRun``s: disjoint
   spans of ``prompt[start:]`` equal to spans of the previous sequence's first ``cached_len``
   tokens (the ones whose KV is still cached), in order, each at least ``min_run`` tokens.
@@ -30,8 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
+from suffixmem.engine.reuse.blend import BlendConfig
+
 DEFAULT_MIN_RUN = 32
 DEFAULT_MAX_SESSIONS = 1024
+SHIFT_BLEND = BlendConfig(first_k=0, ratio=0.0)
+"""Re-rotation alone: the method ``bench segments`` chose on the overflow workload's eviction
+turns (the cheapest one passing the gate there; docs/segment-reuse.md). The segment hook
+gives it to its ``ContextShift`` unless it is installed with a ``blend`` of its own."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,12 +72,14 @@ class ContextShift:
     """Remembers each session's newest sequence and finds shifted runs in it (module docs)."""
 
     def __init__(self, min_run: int = DEFAULT_MIN_RUN,
-                 max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+                 max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 blend: BlendConfig | None = None) -> None:
         if min_run < 1 or max_sessions < 1:
             raise ValueError(f"need min_run >= 1 and max_sessions >= 1, got {min_run}, "
                              f"{max_sessions}")
         self.min_run = min_run
         self.max_sessions = max_sessions
+        self.blend = blend  # the recompute method of shifted runs (None: the hook's)
         self._last: OrderedDict[str, list[int]] = OrderedDict()
         self.shifts = 0  # requests that reused shifted runs
         self.shifted_tokens = 0
@@ -99,6 +109,17 @@ class ContextShift:
         if old is None or cached_len <= 0:
             return []
         return find_runs(old[:cached_len], prompt, start, self.min_run)
+
+    def continues(self, session_key: str, prompt: Sequence[int]) -> bool:
+        """Whether ``prompt`` continues the session's previous sequence (every turn that
+        dropped nothing): then whatever is reusable sits at its old position, where the prefix
+        cache has it, and there is nothing to shift. (The previous sequence's last token never
+        had KV written, so it need not match.) A list comparison: no block lookups."""
+        old = self._last.get(session_key)
+        if old is None:
+            return True
+        n = min(len(old) - 1, len(prompt))
+        return list(prompt[:n]) == old[:n]
 
 
 def subtract(runs: Sequence[ShiftRun], taken: Sequence[tuple[int, int]],

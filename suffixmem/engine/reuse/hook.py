@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from suffixmem.engine.protocol import Request, Segment
 from suffixmem.engine.reuse.anchors import merge_segments
 from suffixmem.engine.reuse.blend import BlendConfig
-from suffixmem.engine.reuse.context_shift import ContextShift, subtract
+from suffixmem.engine.reuse.context_shift import SHIFT_BLEND, ContextShift, subtract
 from suffixmem.engine.reuse.placement import SegmentSource, place_segments
 from suffixmem.engine.reuse.segment_cache import (
     SegmentCache,
@@ -58,11 +58,12 @@ class SegmentReuseHook:
 
     def __init__(self, cache: SegmentCache, blend: BlendConfig | None = None,
                  engine: ReuseEngine | None = None,
-                 shift: ContextShift | None = None) -> None:
+                 shift: ContextShift | None = None, documents: bool = True) -> None:
         self.cache = cache
         self.blend = blend or BlendConfig()
         self.engine = engine
         self.shift = shift
+        self.documents = documents
         self._stores: dict[str, list[Segment]] = {}
         self.requests = 0
         self.segments_seen = 0
@@ -78,15 +79,18 @@ class SegmentReuseHook:
         clock: Callable[[], float] = time.monotonic,
         shift: ContextShift | None = None,
         context_shift: bool = True,
+        documents: bool = True,
     ) -> SegmentReuseHook:
         """Create a hook over ``engine``'s block pool and set it as ``engine.reuse``.
 
         ``context_shift`` (default on; it only acts on ``exact=False`` requests) reuses a
         session's kept turns at their new positions, with ``shift`` or a default
-        ``ContextShift``."""
+        ``ContextShift``. ``documents=False`` ignores ``Request.segments`` (nothing is looked
+        up or stored): context shift alone, the torch engine's default."""
         if cache_config is None:
             budget = max(1, int(engine.block_pool.num_blocks * DEFAULT_BUDGET_SHARE))
             cache_config = SegmentCacheConfig(max_blocks=budget)
+        own_blend = blend is not None
         blend = blend or BlendConfig()
         if blend.fresh_depth > engine.model.config.num_layers:
             raise ValueError(
@@ -95,8 +99,8 @@ class SegmentReuseHook:
             )
         cache = SegmentCache(engine.block_pool, cache_config, scorer=scorer, clock=clock)
         if context_shift and shift is None:
-            shift = ContextShift()
-        hook = cls(cache, blend, engine, shift if context_shift else None)
+            shift = ContextShift(blend=None if own_blend else SHIFT_BLEND)
+        hook = cls(cache, blend, engine, shift if context_shift else None, documents)
         engine.reuse = hook
         return hook
 
@@ -111,7 +115,7 @@ class SegmentReuseHook:
         sources: list[SegmentSource] = []
         spans: list[tuple[int, int]] = []
         stores: list[Segment] = []
-        for s in merge_segments(request.segments, n):
+        for s in merge_segments(request.segments if self.documents else (), n):
             self.segments_seen += 1
             ids = prompt[s.start:s.end]
             hit = None if s.start < num_cached else self.cache.lookup(request.session_key, ids)
@@ -124,14 +128,17 @@ class SegmentReuseHook:
             sources.append(SegmentSource(s.start, self._slots(engine, hit), hit.origin_start))
         if len(self._stores) >= MAX_PENDING_STORES:  # sequences that failed before prefill
             self._stores.pop(next(iter(self._stores)))
-        self._stores[seq.seq_id] = stores
+        if request.segments:  # (``after_prefill`` runs only for requests with segments)
+            self._stores[seq.seq_id] = stores
         if self.shift is not None:
             shifted = self._shift_sources(engine, seq, request, prompt, num_cached, spans)
             if shifted:
                 sources = sorted([*sources, *shifted], key=lambda src: src.start)
             self.shift.remember(request.session_key, seq.token_ids)
+        # shifted runs alone are placed by the method their own gate chose (``ContextShift``)
+        blend = self.blend if spans or self.shift is None else self.shift.blend or self.blend
         placement = place_segments(engine.runner, seq.block_table, prompt, num_cached, sources,
-                                   self.blend)
+                                   blend)
         return ReuseOutcome(placement.compute_positions, len(placement.reused_positions),
                             placement.recomputed, tuple(spans))
 
@@ -139,6 +146,8 @@ class SegmentReuseHook:
         """Store the segments that missed; their K/V now sit in ``seq``'s blocks."""
         stores = self._stores.pop(seq.seq_id, None)
         n = seq.num_prompt_tokens
+        if not self.documents:
+            return
         if stores is None:  # re-prefilled exactly (after preemption): every uncached segment
             stores = list(merge_segments(request.segments, n))
         bs = engine.block_size
@@ -161,7 +170,8 @@ class SegmentReuseHook:
         is still cached (looked up under this sequence's salts), minus spans ``taken``."""
         assert self.shift is not None
         old = self.shift.previous(request.session_key)
-        if old is None or old is seq.token_ids:
+        if old is None or old is seq.token_ids or self.shift.continues(request.session_key,
+                                                                         prompt):
             return []
         bs = engine.block_size
         match = engine.block_pool.match(

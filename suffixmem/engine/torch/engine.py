@@ -122,10 +122,11 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
             self.scheduler = Scheduler(self.block_pool, config.max_num_seqs, self.prefill_chunk,
                                        config.enable_prefix_caching)
             self.reuse: ReuseHook | None = None
-            if config.segment_reuse:
+            if config.segment_reuse or config.context_shift:
                 from suffixmem.engine.reuse.hook import SegmentReuseHook
 
-                SegmentReuseHook.install(self)
+                SegmentReuseHook.install(self, documents=config.segment_reuse,
+                                         context_shift=config.context_shift)
             self.tier: TorchTier | None = self._open_tier(config, mc) if config.kv_tier else None
             self._generator = torch.Generator().manual_seed(config.seed)
             self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes

@@ -41,6 +41,41 @@ def test_context_shift_remembers_a_bounded_number_of_sessions() -> None:
     assert shift.forget("b") and not shift.forget("b")
 
 
+def test_a_prompt_that_continues_the_previous_sequence_has_nothing_to_shift() -> None:
+    shift = ContextShift(min_run=2)
+    old = list(range(10))
+    assert shift.continues("s", old)  # nothing remembered: nothing to shift from
+    shift.remember("s", old)
+    # a turn that dropped nothing (the last token, never fed, may differ)
+    assert shift.continues("s", [*old, 50, 51]) and shift.continues("s", [*old[:9], 7, 50])
+    assert shift.continues("s", old[:4])
+    # turns 1-2 dropped: the rest moved two positions to the left
+    moved = [0, *old[3:], 50]
+    assert not shift.continues("s", moved)
+    assert shift.runs("s", moved, 1, cached_len=8) == [ShiftRun(1, 3, 5)]
+
+
+def test_shifted_runs_use_their_own_method_unless_the_hook_was_given_one() -> None:
+    from suffixmem.engine.reuse.context_shift import SHIFT_BLEND
+    from suffixmem.engine.torch.block_pool import BlockPool
+
+    class Config:
+        num_layers = 30
+
+    class Model:
+        config = Config()
+
+    class Engine:
+        block_pool, model, reuse = BlockPool(64, 16), Model(), None
+
+    default = SegmentReuseHook.install(Engine())  # type: ignore[arg-type]
+    assert default.shift is not None and default.shift.blend == SHIFT_BLEND
+    assert default.blend == BlendConfig() and default.documents
+    given = SegmentReuseHook.install(Engine(), BlendConfig(first_k=16),  # type: ignore[arg-type]
+                                     documents=False)
+    assert given.shift is not None and given.shift.blend is None and not given.documents
+
+
 SYSTEM = "You are a patient tutor. Explain things to a curious student in plain words."
 TURNS = [
     ("What is a lighthouse for?", "A lighthouse warns ships about rocks and marks the coast at "

@@ -1,4 +1,6 @@
-"""EngineConfig(segment_reuse=True) installs the segment cache; release_session reaches it."""
+"""EngineConfig(segment_reuse=True) installs the segment cache; release_session reaches it. By
+default (context_shift on, segment_reuse off) the hook shifts turns but ignores document
+segments; context_shift=False and segment_reuse=False install nothing."""
 
 from __future__ import annotations
 
@@ -10,23 +12,36 @@ from suffixmem.engine.protocol import Message, Request, SamplingParams, Segment
 pytestmark = pytest.mark.slow
 
 
+def _document_request(engine, session: str) -> Request:  # type: ignore[no-untyped-def]
+    doc = ("The json module encodes and decodes JSON. Use dumps to serialize an object to "
+           "a string and loads to parse a string back into Python objects. ") * 4
+    ids = engine.render([Message("user", doc)], add_generation_prompt=False)
+    seg = (Segment(3, len(ids) - 2, kind="document"),)
+    tail = engine.tokenize("<|im_start|>assistant\n")
+    return Request(session, token_ids=ids + tail, segments=seg, exact=False,
+                   sampling=SamplingParams(max_tokens=2))
+
+
 def test_segment_reuse_switch_and_release() -> None:
-    plain = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1)
+    plain = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, context_shift=False)
     try:
         assert plain.reuse is None and plain.release_session("x") == 0
     finally:
         plain.close()
+    default = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1)
+    try:
+        assert default.reuse is not None and default.reuse.shift is not None
+        assert not default.reuse.documents
+        for _ in range(2):  # a document segment is neither stored nor reused
+            out = default.generate(_document_request(default, "d1"))
+            assert out.reused_segment_tokens == 0
+        assert default.reuse.stats().entries == 0 and not default.reuse._stores
+    finally:
+        default.close()
     engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, segment_reuse=True)
     try:
-        assert engine.reuse is not None
-        doc = ("The json module encodes and decodes JSON. Use dumps to serialize an object to "
-               "a string and loads to parse a string back into Python objects. ") * 4
-        ids = engine.render([Message("user", doc)], add_generation_prompt=False)
-        seg = (Segment(3, len(ids) - 2, kind="document"),)
-        tail = engine.tokenize("<|im_start|>assistant\n")
-        sampling = SamplingParams(max_tokens=2)
-        engine.generate(Request("s1", token_ids=ids + tail, segments=seg, exact=False,
-                                sampling=sampling))
+        assert engine.reuse is not None and engine.reuse.documents
+        engine.generate(_document_request(engine, "s1"))
         assert engine.reuse.stats().entries >= 1
         assert engine.release_session("s1") >= 1
         assert engine.reuse.stats().entries == 0

@@ -1,0 +1,105 @@
+"""The manager's default context shift (``ManagerConfig.context_shift``), on the real model with
+the torch engine: turns that drop nothing give exactly what an exact manager gives; the turn
+whose layout drops old turns reuses the kept turns' KV; ``context_shift=False`` keeps every
+turn exact; a rewritten history and document segments never go approximate by default."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from suffixmem.conversation.manager import ConversationManager, ManagerConfig
+from suffixmem.engine.protocol import Message, Request
+
+pytestmark = [pytest.mark.slow]
+
+SYSTEM = "You are a patient tutor. Answer in one or two short sentences."
+QUESTIONS = [
+    "What is a lighthouse for?", "Who looked after lighthouses?", "Was it a lonely job?",
+    "Are there lighthouse keepers today?", "How far can the light be seen?",
+    "Why do lighthouses have stripes?", "What fuel did old lamps burn?",
+    "What is a Fresnel lens?", "Which lighthouse is the oldest?", "Can you visit one?",
+    "Do ships still need them with GPS?", "What sound does a fog signal make?",
+    "How tall is the tallest lighthouse?", "Who built the first one?",
+]
+SETTINGS = {"system_prompt": SYSTEM, "context_window": 448, "max_tokens": 24,
+            "detect_topics": False}
+
+
+class Recorder:
+    """The real engine, recording every request it is sent."""
+
+    def __init__(self, engine: Any) -> None:
+        self.inner = engine
+        self.requests: list[Request] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def stream(self, request: Request) -> Any:
+        self.requests.append(request)
+        return self.inner.stream(request)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: Path) -> Iterator[Recorder]:
+    from suffixmem.engine import create_engine
+
+    eng = create_engine("torch", max_model_len=2048, kv_cache_gib=0.25)
+    yield Recorder(eng)
+    eng.close()
+
+
+def _turns(mgr: ConversationManager, engine: Recorder, sid: str) -> list[tuple[Any, Request]]:
+    mgr.open_session(sid)
+    out = []
+    for q in QUESTIONS:
+        out.append((mgr.chat(sid, q, temperature=0.0), engine.requests[-1]))
+    return out
+
+
+def test_only_the_turns_after_an_eviction_are_approximate(engine: Recorder,
+                                                          tmp_path: Path) -> None:
+    shifting = ConversationManager(engine, f"sqlite:///{tmp_path / 's.db'}",
+                                   ManagerConfig(**SETTINGS))
+    exact = ConversationManager(engine, f"sqlite:///{tmp_path / 'e.db'}",
+                                ManagerConfig(**SETTINGS, context_shift=False))
+    try:
+        a = _turns(shifting, engine, "shift")
+        b = _turns(exact, engine, "exact")
+    finally:
+        shifting.close()
+        exact.close()
+    # the default sends exact=False without document segments; context_shift=False is exact
+    assert all(not r.exact and r.segments == () for _, r in a)
+    assert all(r.exact for _, r in b)
+    first = next(i for i, (t, _) in enumerate(a) if t.evicted_turns)
+    assert first >= 2 and b[first][0].evicted_turns == a[first][0].evicted_turns
+    # nothing dropped yet: the same tokens as the exact manager, and nothing shifted
+    for (ta, ra), (tb, rb) in zip(a[:first], b[:first], strict=True):
+        assert ra.token_ids == rb.token_ids and ta.token_ids == tb.token_ids
+        assert ta.result.reused_segment_tokens == 0
+    # the eviction turn: the kept turns come from the previous sequence at new positions
+    ta, tb = a[first][0], b[first][0]
+    assert ta.result.reused_segment_tokens > 32 and tb.result.reused_segment_tokens == 0
+    assert ta.cached_tokens >= tb.cached_tokens + ta.result.reused_segment_tokens
+    assert ta.prompt_tokens == tb.prompt_tokens
+
+
+def test_rewritten_history_stays_exact(engine: Recorder, tmp_path: Path) -> None:
+    mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'r.db'}", ManagerConfig(**SETTINGS))
+    try:
+        sent = [Message("system", SYSTEM), Message("user", QUESTIONS[0])]
+        first = mgr.complete("rw", sent, temperature=0.0, max_tokens=8)
+        assert not engine.requests[-1].exact  # appended or new: context shift may act
+        # another system prompt (passages retrieved for this turn): the history is rewritten
+        sent = [Message("system", SYSTEM + " Context: lighthouses guide ships."),
+                Message("user", QUESTIONS[0]), Message("assistant", first.text),
+                Message("user", QUESTIONS[1])]
+        second = mgr.complete("rw", sent, temperature=0.0, max_tokens=8)
+        assert second.history == "rewritten" and engine.requests[-1].exact
+    finally:
+        mgr.close()
