@@ -135,11 +135,12 @@ def rag_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
 
 
 def build_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
-                 turns: dict[str, int] | None = None) -> dict[str, list[ScenarioPrompt]]:
-    """``{"overflow": [...], "rag": [...]}`` (see the module docstring)."""
+                 turns: dict[str, int] | None = None,
+                 workloads: Sequence[str] = EVENT_WORKLOADS) -> dict[str, list[ScenarioPrompt]]:
+    """``{"overflow": [...], "rag": [...]}`` (see the module docstring), for ``workloads``."""
     turns = turns or {}
-    return {"overflow": overflow_events(engine, count, sessions, turns.get("overflow")),
-            "rag": rag_events(engine, count, sessions, turns.get("rag"))}
+    build = {"overflow": overflow_events, "rag": rag_events}
+    return {name: build[name](engine, count, sessions, turns.get(name)) for name in workloads}
 
 
 def event_summary(events: Sequence[ScenarioPrompt]) -> dict[str, float]:
@@ -168,37 +169,50 @@ def workload_defaults(independent: dict[str, float] | None, method: str | None,
     passes there, with the method chosen there) and why, from the measurements:
     ``independent`` is the independent construction's row through the engine with ``method``;
     ``events`` is ``measure_events``' result."""
-    from suffixmem_bench.segment_scenarios import GATE, gate_passed
+    out = {"documents": gate_verdict(independent, method)}
+    out.update(event_defaults(events, EVENT_WORKLOADS))
+    return out
 
-    def verdict(row: dict[str, float] | None, method: str | None) -> dict[str, Any]:
-        if not row:
-            return {"segment_reuse": False, "method": None,
-                    "why": "not measured: exact mode stays the default"}
-        ok = gate_passed(row)
-        misses = [name for name, bad in (
-            ("top-1", row["top1_agreement"] < GATE["top1_min"]),
-            ("KL", row["mean_kl"] > GATE["kl_max"]),
-            ("free-running", row["free_running_agreement"] < GATE["free_min"]),
-            ("task", row["task_agreement"] < GATE["task_min"])) if bad]
-        why = ("gate passed" if ok else "gate missed on " + ", ".join(misses)
-               + ": exact mode stays the default")
-        return {"segment_reuse": ok, "method": method, "why": why,
-                **{k: row[k] for k in ("mean_kl", "top1_agreement", "free_running_agreement",
-                                       "task_agreement")}}
 
-    out = {"documents": verdict(independent, method)}
-    for name in EVENT_WORKLOADS:
+def event_defaults(events: dict[str, dict[str, Any]], names: Sequence[str] | None = None
+                   ) -> dict[str, dict[str, Any]]:
+    """``workload_defaults``' verdicts for the event workloads ``names`` (default: those in
+    ``events``; one missing there is "not measured")."""
+    out = {}
+    for name in list(events) if names is None else names:
         ev = events.get(name) or {}
         chosen = ev.get("chosen")
-        out[name] = verdict(ev.get("methods", {}).get(chosen) if chosen else None, chosen)
+        out[name] = gate_verdict(ev.get("methods", {}).get(chosen) if chosen else None, chosen)
     return out
+
+
+def gate_verdict(row: dict[str, float] | None, method: str | None) -> dict[str, Any]:
+    """Whether segment reuse is on by default for a class measured as ``row`` with ``method``,
+    and why."""
+    from suffixmem_bench.segment_scenarios import GATE, gate_passed
+
+    if not row:
+        return {"segment_reuse": False, "method": None,
+                "why": "not measured: exact mode stays the default"}
+    ok = gate_passed(row)
+    misses = [name for name, bad in (
+        ("top-1", row["top1_agreement"] < GATE["top1_min"]),
+        ("KL", row["mean_kl"] > GATE["kl_max"]),
+        ("free-running", row["free_running_agreement"] < GATE["free_min"]),
+        ("task", row["task_agreement"] < GATE["task_min"])) if bad]
+    why = ("gate passed" if ok else "gate missed on " + ", ".join(misses)
+           + ": exact mode stays the default")
+    return {"segment_reuse": ok, "method": method, "why": why,
+            **{k: row[k] for k in ("mean_kl", "top1_agreement", "free_running_agreement",
+                                   "task_agreement")}}
 
 
 def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods: Sequence[Any],
                    continuation: int = 48, sessions: int = 2,
                    turns: dict[str, int] | None = None,
                    decode: Callable[[list[int]], str] | None = None,
-                   progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+                   progress: Callable[[str], None] | None = None,
+                   workloads: Sequence[str] = EVENT_WORKLOADS) -> dict[str, dict[str, Any]]:
     """Per event workload: the events' summary, every method's quality on them
     (``methods_quality``, bf16 primitives), the method ``choose_method`` picks and whether it
     passes the gate. Workloads without an event report ``events: 0`` and no method."""
@@ -206,7 +220,7 @@ def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods
 
     say = progress or (lambda _m: None)
     out: dict[str, dict[str, Any]] = {}
-    for name, evs in build_events(engine, count, sessions, turns).items():
+    for name, evs in build_events(engine, count, sessions, turns, workloads).items():
         summary = event_summary(evs)
         if not evs:
             out[name] = {**summary, "methods": {}, "chosen": None, "passed": False}
@@ -216,3 +230,57 @@ def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods
         chosen, passed = choose_method(rows)
         out[name] = {**summary, "methods": rows, "chosen": chosen, "passed": passed}
     return out
+
+
+def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None,
+               methods: Sequence[str] | None = None, model: str | None = None, threads: int = 1,
+               continuation: int = 48, progress: Callable[[str], None] | None = None,
+               ) -> dict[str, Any]:
+    """Only the reuse events of ``workloads`` (``bench segments --events``): a larger replay
+    than the whole bench affords (``sessions``, ``turns`` per session; None: the workload's
+    pinned turns), every method of ``methods`` (labels; None: all) on them. JSON: ``events``
+    and ``workload_defaults`` as in the whole bench, for those workloads only, and ``setup``."""
+    import time
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from suffixmem.config import DEFAULT_MODEL
+    from suffixmem.engine import create_engine
+    from suffixmem.engine.torch.llama import Llama
+    from suffixmem.models import resolve_model
+    from suffixmem_bench.segment_scenarios import blends, parse_method
+
+    unknown = [w for w in workloads if w not in EVENT_WORKLOADS]
+    if unknown or not workloads:
+        raise ValueError(f"event workloads {unknown or '(none)'}: expected some of "
+                         f"{list(EVENT_WORKLOADS)}")
+    t0 = time.perf_counter()
+    torch.set_num_threads(threads)
+    model = model or DEFAULT_MODEL
+    path = resolve_model(model)
+    tok = AutoTokenizer.from_pretrained(str(path))
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(ids: list[int]) -> str:
+        return str(tok.decode(ids))
+
+    method_list = [parse_method(m) for m in methods] if methods else blends()
+    engine = create_engine("torch", model=model, max_model_len=4096, kv_cache_gib=0.5,
+                           extra={"num_threads": threads})
+    try:
+        llama = Llama.from_pretrained(path, torch.bfloat16)
+        events = measure_events(llama, engine, count, method_list, continuation, sessions,
+                                {w: turns for w in workloads} if turns else None, decode,
+                                progress, workloads)
+    finally:
+        engine.close()
+    return {
+        "events": events, "workload_defaults": event_defaults(events),
+        "setup": {"workloads": list(workloads), "event_sessions": sessions,
+                  "event_turns": turns, "continuation": continuation,
+                  "methods": [m.label() for m in method_list], "threads": threads,
+                  "seconds": round(time.perf_counter() - t0, 1)},
+    }

@@ -252,6 +252,11 @@ def register(bench: typer.Typer) -> None:
             help="Scenarios every method is measured on (comma list; independent decides)."),
         event_sessions: int = typer.Option(
             2, help="Sessions of overflow and rag replayed for reuse events; 0: none."),
+        events: str = typer.Option(
+            "", help="Only the reuse events of these workloads (comma list of overflow, rag), "
+                     "nothing else: a larger replay (with --event-sessions, --event-turns)."),
+        event_turns: int = typer.Option(
+            0, help="Turns per replayed session (0: each workload's pinned count)."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -264,6 +269,22 @@ def register(bench: typer.Typer) -> None:
         from suffixmem_bench.measure import RunContext
 
         console = Console()
+        say = None if as_json else lambda m: console.print(f"[dim]{m}[/]")
+        if events:
+            from suffixmem_bench.segment_events import EVENT_WORKLOADS, run_events
+
+            names = [w.strip() for w in events.split(",") if w.strip()]
+            if not names or any(w not in EVENT_WORKLOADS for w in names):
+                raise typer.BadParameter(f"--events {events!r}: expected a comma list of "
+                                         f"{', '.join(EVENT_WORKLOADS)}")
+            if event_sessions < 1:
+                raise typer.BadParameter("--events needs --event-sessions >= 1")
+            with quiet_stdout(as_json), RunContext(threads) as ctx:
+                result = run_events(names, event_sessions, event_turns or None,
+                                    methods.split() or None, model, threads, progress=say)
+            result.update(ctx.fields())
+            print(json.dumps(result) if as_json else json.dumps(result, indent=1))
+            return
         with quiet_stdout(as_json), RunContext(threads) as ctx:
             result = run_segments(
                 [int(x) for x in k.split(",")], [float(x) for x in r.split(",")], prompts,
@@ -273,7 +294,8 @@ def register(bench: typer.Typer) -> None:
                 scenario_prompts=scenario_prompts or None, methods=methods.split() or None,
                 method_scenarios=[x for x in method_scenarios.split(",") if x],
                 event_sessions=event_sessions,
-                progress=None if as_json else lambda m: console.print(f"[dim]{m}[/]"),
+                event_turns={"overflow": event_turns, "rag": event_turns} if event_turns
+                else None, progress=say,
             )
         result.update(ctx.fields())
         if as_json:

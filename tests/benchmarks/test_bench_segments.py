@@ -72,6 +72,44 @@ def test_bench_command_is_registered() -> None:
     assert "as_json" in params
 
 
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    bench.register(app)
+
+    @app.command("noop")  # a second command keeps typer from collapsing the group
+    def noop() -> None:
+        pass
+
+    return app
+
+
+def test_events_of_an_unknown_workload_are_a_usage_error() -> None:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(_app(), ["segments", "--events", "overflow,chat"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "overflow,chat" in result.output
+
+
+@pytest.mark.slow
+def test_events_only_replays_just_the_named_workload(model_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(_app(), [
+        "segments", "--events", "rag", "--event-sessions", "1", "--event-turns", "2",
+        "--methods", "k0 k0-r1@1", "--threads", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert set(out["events"]) == set(out["workload_defaults"]) == {"rag"}
+    rag = out["events"]["rag"]
+    assert rag["events"] <= 1 and out["setup"]["methods"] == ["k0", "k0-r1@1"]
+    verdict = out["workload_defaults"]["rag"]
+    assert verdict["segment_reuse"] == (verdict["why"] == "gate passed")
+    assert "noisy" in out and "load_avg" in out  # the measurement discipline's fields
+
+
 @pytest.mark.slow
 def test_quality_harness_is_exact_when_nothing_moves(encode, fp32_llama) -> None:  # type: ignore[no-untyped-def]
     """With the fill prompt equal to the evaluated one, reuse changes nothing: KL ~ 0 and full

@@ -2,9 +2,10 @@
 
 4 sessions x 30 turns of real chat (chatterbot-corpus), a ~300-token system prompt, replies of
 at most 48 tokens, ``max_model_len`` 2048. Baselines: the sliding window frameworks use
-(``ManagerConfig(layout="sliding")``) and the stable layout (evict to half, the default).
-Capability: context shift, the kept turns' KV reused at their new positions on the torch engine
-when the stable layout drops old turns (``ManagerConfig(exact=False)`` + the segment hook).
+(``ManagerConfig(layout="sliding")``, exact) and the stable layout alone (evict to half, every
+turn exact: ``suffixmem_torch_exact``). Capability: context shift, the kept turns' KV reused at
+their new positions on the torch engine when the stable layout drops old turns: the manager's
+and the torch engine's default (``suffixmem_torch``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ NAME = "overflow"
 PINNED: dict[str, int] = {"sessions": 4, "turns": 30, "max_tokens": 48, "system_tokens": 300}
 ENGINE_OPTIONS: dict[str, Any] = {"max_model_len": 2048, "max_tokens": 48}
 CAPABILITY: dict[str, dict[str, dict[str, Any]]] = {
-    "suffixmem_torch_sliding": {"engine": {}, "manager": {"layout": "sliding"}},
-    "suffixmem_torch_segments": {"engine": {"segment_reuse": True},
-                                 "manager": {"exact": False}},
+    "suffixmem_torch": {"engine": {}, "manager": {}},  # context shift is the default
+    "suffixmem_torch_exact": {"engine": {"context_shift": False},
+                              "manager": {"context_shift": False}},
+    "suffixmem_torch_sliding": {"engine": {}, "manager": {"layout": "sliding",
+                                                          "context_shift": False}},
 }
 
 
