@@ -281,7 +281,7 @@ class ConversationManager(TurnPath):
                 else self.temperature.initial(),
                 window_start=rec.window_start if rec is not None and not r.replace else 0,
                 stored_count=len(stored) if stored is not None else 0, version=version,
-                sampling=params, create=new, replace=r.replace,
+                sampling=params, create=new, replace=r.replace, trimmed=r.dropped > 0,
                 fresh_topic=r.replace or sid is None, started=started,
                 temperature_range=session_range(rec),
             )

@@ -37,12 +37,13 @@ class ManagerConfig:
     - ``lock_timeout_s``: how long a turn waits for its session's lock (``SessionBusyError``).
     - ``max_message_chars``: size limit of each message / context block / system prompt.
     - ``exact``: passed to the engine (False lets it reuse document segments approximately).
-    - ``context_shift``: when the layout drops a session's old turns, the engine may reuse the
-      kept turns' KV at their new positions (the torch engine's context shift; vLLM ignores
-      it): such a session's turns go to the engine with ``exact=False`` and no document
-      segments, so only context shift approximates. Default on: ``bench segments``' gate
-      passes on the overflow workload's eviction turns (docs/segment-reuse.md). Turns that
-      drop nothing reproduce the exact run; False keeps every turn exact.
+    - ``context_shift``: when the layout (or, through ``complete``, the application's own
+      sliding window) drops a session's old turns, the engine may reuse the kept turns' KV at
+      their new positions (the torch engine's context shift; vLLM ignores it): turns go to the
+      engine with ``exact=False`` and no document segments, so only context shift
+      approximates. Default on: ``bench segments``' gate passes on the overflow workload's
+      eviction turns (docs/segment-reuse.md). Turns that drop nothing reproduce the exact run;
+      False keeps every turn exact.
     """
 
     system_prompt: str | None = None

@@ -8,7 +8,9 @@ manager keeps one copy (SQL) and decides what the call means:
 - **appended**: the stored history (and system prompt) is a prefix of what was sent; the rest
   (one user message, or tool results...) is appended with the reply.
 - **rewritten**: anything else (an edited or truncated history, another system prompt); the
-  stored history is replaced by what was sent, atomically with the turn.
+  stored history is replaced by what was sent, atomically with the turn. ``dropped`` > 0 says
+  the rewrite only dropped the oldest messages (a framework's sliding window, e.g. LangChain's
+  ``trim_messages``): the kept ones are the stored ones, with their generated ids.
 - **stateless**: ``session_id=None``; nothing is stored (see ``anon_key``).
 
 A leading ``system`` message is the session's system prompt. The messages after the last
@@ -35,7 +37,8 @@ HistoryKind = Literal["new", "appended", "rewritten", "stateless"]
 class Reconciled:
     """``history`` (rendered before the tail, stored ids attached) and ``tail`` (answered now);
     ``to_store`` is what the turn commits before the reply; ``replace`` says whether it replaces
-    the stored history."""
+    the stored history; ``dropped``: how many of the oldest stored messages a rewrite dropped
+    when it kept all the others unchanged (0 otherwise)."""
 
     kind: HistoryKind
     system_prompt: str | None
@@ -43,6 +46,7 @@ class Reconciled:
     tail: tuple[Message, ...]
     to_store: tuple[Message, ...]
     replace: bool
+    dropped: int = 0
 
 
 def check_messages(messages: object, max_chars: int) -> tuple[Message, ...]:
@@ -101,11 +105,25 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
         merged = (*stored, *conv[n:])
         return Reconciled("appended", sp, merged[:len(before)], tuple(tail), tuple(conv[n:]),
                           False)
+    d = _dropped(conv, stored) if sp == stored_system else 0
     # an edited history: reuse stored ids where the sent message still matches at its place
     hist = tuple(
-        stored[i] if i < n and _same(m, stored[i]) and sp == stored_system else m
+        stored[d + i] if d + i < n and _same(m, stored[d + i]) and sp == stored_system else m
         for i, m in enumerate(before))
-    return Reconciled("rewritten", sp, hist, tuple(tail), (*hist, *tail), True)
+    return Reconciled("rewritten", sp, hist, tuple(tail), (*hist, *tail), True, d)
+
+
+def _dropped(conv: Sequence[Message], stored: Sequence[Message]) -> int:
+    """The fewest oldest messages of ``stored`` whose removal leaves a prefix of ``conv``
+    starting at a user message (a window that dropped whole exchanges); 0 when none does."""
+    n = len(stored)
+    if not conv or conv[0].role != "user":
+        return 0
+    for d in range(1, n):
+        if n - d <= len(conv) and _same(conv[0], stored[d]) and all(
+                _same(conv[i], stored[d + i]) for i in range(1, n - d)):
+            return d
+    return 0
 
 
 def anon_key(messages: Sequence[Message], scope: str = "") -> str:

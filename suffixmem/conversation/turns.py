@@ -109,6 +109,7 @@ class TurnSpec:
     sampling: dict[str, Any]
     create: NewSession | None = None
     replace: bool = False
+    trimmed: bool = False  # the replacing history only dropped the stored one's oldest turns
     fresh_topic: bool = False
     started: float = field(default_factory=time.perf_counter)
     # the session's own semantic temperature range (hot, cold); None: the manager's
@@ -155,10 +156,11 @@ def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = Fals
     (which aborts the request). Raises unless generation completed. ``exact=False`` lets the
     engine reuse the prompt's document segments approximately; ``context_shift`` (with
     ``exact``) sends an exact turn as ``exact=False`` without segments, so that only the
-    engine's context shift may approximate: kept turns at new positions after the layout
-    dropped old ones. A turn that replaces the history (an application resending a changed
-    conversation) stays exact: reuse there is another workload class, with its own gate."""
-    shift = exact and context_shift and not plan.spec.replace
+    engine's context shift may approximate: kept turns at new positions after the layout, or
+    the application's own sliding window (``TurnSpec.trimmed``), dropped old ones. Any other
+    rewritten history (an edited conversation, another system prompt with new passages) stays
+    exact: reuse there is another workload class, with its own gate."""
+    shift = exact and context_shift and (not plan.spec.replace or plan.spec.trimmed)
     request = Request(
         session_key=plan.spec.key, token_ids=plan.prompt.token_ids, sampling=plan.sampling,
         segments=() if shift else plan.prompt.segments, exact=exact and not shift,

@@ -103,3 +103,23 @@ def test_rewritten_history_stays_exact(engine: Recorder, tmp_path: Path) -> None
         assert second.history == "rewritten" and engine.requests[-1].exact
     finally:
         mgr.close()
+
+
+def test_an_applications_own_sliding_window_shifts_too(engine: Recorder,
+                                                       tmp_path: Path) -> None:
+    mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'w.db'}", ManagerConfig(**SETTINGS))
+    try:
+        msgs = [Message("system", SYSTEM)]
+        for q in QUESTIONS[:4]:
+            r = mgr.complete("win", [*msgs, Message("user", q)], temperature=0.0)
+            msgs += [Message("user", q), Message("assistant", r.text)]
+        assert r.evicted_turns == 0 and r.result.reused_segment_tokens == 0
+        # the application's window drops the oldest exchange, as LangChain's trim_messages does
+        kept = [msgs[0], *msgs[3:]]
+        r = mgr.complete("win", [*kept, Message("user", QUESTIONS[4])], temperature=0.0)
+        request = engine.requests[-1]
+        assert r.history == "rewritten" and not request.exact and request.segments == ()
+        assert r.result.reused_segment_tokens > 32
+        assert [m.content for m in mgr.history("win")][:2] == [QUESTIONS[1], msgs[4].content]
+    finally:
+        mgr.close()

@@ -122,8 +122,9 @@ def test_turn_is_committed_with_generated_ids(manager: ConversationManager,
     assert t2.cached_tokens > 0 and t2.cached_tokens <= t2.prompt_tokens
     stats = manager.stats("basic")
     assert stats["turns"] == 2 and stats["prompt_tokens"] == t1.prompt_tokens + t2.prompt_tokens
-    seg = engine.requests[-1].segments[0]
-    assert seg.kind == "system_tail" and seg.start == 0 and seg.shared
+    # context shift (the default) may approximate, document segments may not: the request
+    # goes with exact=False and none of the layout's segments (test_layout checks those)
+    assert not engine.requests[-1].exact and engine.requests[-1].segments == ()
 
 
 def test_semantic_temperature_is_used_when_not_given(manager: ConversationManager) -> None:
@@ -296,16 +297,27 @@ def test_topic_jump_lowers_temperature_and_releases(manager: ConversationManager
 
 
 def test_context_blocks_are_marked_and_not_stored(manager: ConversationManager,
-                                                  engine: FlakyEngine) -> None:
-    manager.open_session("ctx")
+                                                  engine: FlakyEngine, tmp_path: Path) -> None:
     doc = "The Zorblax festival is held every March in the town of Quimby."
-    t = manager.chat("ctx", "When is the Zorblax festival?", context=[doc], **GREEDY)
-    req = engine.requests[-1]
-    segs = [s for s in req.segments if s.kind == "document"]
-    assert len(segs) == 1
-    assert list(req.token_ids[segs[0].start:segs[0].end]) == engine.tokenize(doc)  # type: ignore[index]
+    # without context shift the request carries the layout's segments, the block among them
+    exact = ConversationManager(engine, f"sqlite:///{tmp_path / 'x.db'}",
+                                ManagerConfig(context_shift=False, detect_topics=False))
+    try:
+        exact.open_session("ctx")
+        t = exact.chat("ctx", "When is the Zorblax festival?", context=[doc], **GREEDY)
+        req = engine.requests[-1]
+        segs = [s for s in req.segments if s.kind == "document"]
+        assert len(segs) == 1 and req.exact
+        assert list(req.token_ids[segs[0].start:segs[0].end]) == engine.tokenize(doc)  # type: ignore[index]
+        assert exact.history("ctx")[0].content == "When is the Zorblax festival?"
+        assert t.text
+    finally:
+        exact.close()
+    # by default (context shift may approximate) no document segment goes with the request
+    manager.open_session("ctx")
+    assert manager.chat("ctx", "When is the Zorblax festival?", context=[doc], **GREEDY).text
+    assert engine.requests[-1].segments == () and not engine.requests[-1].exact
     assert manager.history("ctx")[0].content == "When is the Zorblax festival?"
-    assert t.text
 
 
 def _sequence(xs: Sequence[Any]) -> list[Any]:

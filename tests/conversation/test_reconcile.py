@@ -1,0 +1,49 @@
+"""``reconcile``: what a resent conversation means against the stored one (pure, no model)."""
+
+from __future__ import annotations
+
+from suffixmem.conversation.reconcile import reconcile
+from suffixmem.engine.protocol import Message
+
+SYSTEM = "You are terse."
+STORED = [
+    Message("user", "one?"), Message("assistant", "1", token_ids=(16,)),
+    Message("user", "two?"), Message("assistant", "2", token_ids=(17,)),
+    Message("user", "three?"), Message("assistant", "3", token_ids=(18,)),
+]
+
+
+def sent(*messages: Message, system: str = SYSTEM) -> list[Message]:
+    return [Message("system", system), *messages]
+
+
+def plain(m: Message) -> Message:
+    return Message(m.role, m.content)  # as a framework resends it: text only
+
+
+def test_appended_keeps_the_stored_ids() -> None:
+    r = reconcile(sent(*map(plain, STORED), Message("user", "four?")), STORED, SYSTEM, None)
+    assert r.kind == "appended" and not r.replace and r.dropped == 0
+    assert r.history == tuple(STORED) and r.to_store == (Message("user", "four?"),)
+
+
+def test_a_sliding_window_drops_the_oldest_exchanges_and_keeps_the_ids() -> None:
+    r = reconcile(sent(*map(plain, STORED[2:]), Message("user", "four?")), STORED, SYSTEM, None)
+    assert r.kind == "rewritten" and r.replace and r.dropped == 2
+    assert r.history == tuple(STORED[2:])  # the kept turns come back with their generated ids
+    assert r.to_store == (*STORED[2:], Message("user", "four?"))
+    # the window may also take the new message's predecessor along (two exchanges dropped)
+    r = reconcile(sent(*map(plain, STORED[4:]), Message("user", "four?")), STORED, SYSTEM, None)
+    assert r.dropped == 4 and r.history == tuple(STORED[4:])
+
+
+def test_other_rewrites_are_not_a_window() -> None:
+    four = Message("user", "four?")
+    edited = [*map(plain, STORED[2:4]), Message("user", "THREE?"), plain(STORED[5]), four]
+    assert reconcile(sent(*edited), STORED, SYSTEM, None).dropped == 0
+    # another system prompt (passages retrieved for this turn): never a window
+    other = reconcile(sent(*map(plain, STORED[2:]), four, system="Context: x."), STORED,
+                      SYSTEM, None)
+    assert other.replace and other.dropped == 0
+    # a window must start at a user message
+    assert reconcile(sent(*map(plain, STORED[3:]), four), STORED, SYSTEM, None).dropped == 0
