@@ -256,3 +256,27 @@ def test_same_text_share_compares_each_config_with_the_reference_turn_by_turn() 
         ("other", 0, 1, "x"), ("other", 5, 1, "unmatched"),
     ]]
     assert same_text_share(turns, "naive") == {"other": 0.0, "tier": 2 / 3}
+
+
+def test_same_text_from_drop_splits_at_each_sessions_first_dropped_turn() -> None:
+    import math
+
+    from suffixmem_bench.chat.metrics import same_text_from_drop
+
+    def t(config: str, session: int, turn: int, text: str, dropped: int = 0,
+          repeat: int = 0) -> dict[str, object]:
+        return {"config": config, "repeat": repeat, "session": session, "turn": turn,
+                "text": text, "dropped_turns": dropped}
+
+    ref = [t("exact", s, n, f"{s}-{n}") for s in (0, 1) for n in (1, 2, 3, 4)]
+    shift = [
+        t("shift", 0, 1, "0-1"), t("shift", 0, 2, "0-2"), t("shift", 0, 3, "0-3", dropped=2),
+        t("shift", 0, 4, "diverged"),                        # session 0 dropped at turn 3
+        t("shift", 1, 1, "1-1"), t("shift", 1, 2, "1-2"), t("shift", 1, 3, "x"),
+        t("shift", 1, 4, "1-4"),                             # session 1 never dropped
+    ]
+    out = same_text_from_drop(ref + shift, "exact")
+    assert out["shift"]["from_drop"] == 0.5 and out["shift"]["turns_from_drop"] == 2
+    assert out["shift"]["before"] == 5 / 6  # session 1's turn 3 differs without a drop
+    never = same_text_from_drop([*ref, t("other", 0, 1, "0-1")], "exact")["other"]
+    assert never["before"] == 1.0 and math.isnan(never["from_drop"])

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig
 from suffixmem.conversation.topic import Featurizer, TopicConfig, TopicDetector
-from suffixmem.engine.protocol import Message, Request
+from suffixmem.engine.protocol import Message
+
+from .recording import Recorder
 
 pytestmark = [pytest.mark.slow]
 
@@ -31,21 +32,6 @@ def _detector() -> TopicDetector:
     background = [t for convs in load_topics("english").values() for c in convs for p in c
                   for t in p]
     return TopicDetector(TopicConfig(threshold=0.1), Featurizer().fit(background))
-
-
-class Recorder:
-    """The real engine, recording each request (the prompt token ids sent)."""
-
-    def __init__(self, engine: Any) -> None:
-        self.inner = engine
-        self.requests: list[Request] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def stream(self, request: Request) -> Any:
-        self.requests.append(request)
-        return self.inner.stream(request)
 
 
 @pytest.fixture(scope="module", params=["vllm", "torch"])

@@ -14,6 +14,8 @@ import pytest
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig
 from suffixmem.engine.protocol import Message, Request
 
+from .recording import Recorder
+
 pytestmark = [pytest.mark.slow]
 
 SYSTEM = "You are a patient tutor. Answer in one or two short sentences."
@@ -27,21 +29,6 @@ QUESTIONS = [
 ]
 SETTINGS = {"system_prompt": SYSTEM, "context_window": 448, "max_tokens": 24,
             "detect_topics": False}
-
-
-class Recorder:
-    """The real engine, recording every request it is sent."""
-
-    def __init__(self, engine: Any) -> None:
-        self.inner = engine
-        self.requests: list[Request] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def stream(self, request: Request) -> Any:
-        self.requests.append(request)
-        return self.inner.stream(request)
 
 
 @pytest.fixture(scope="module")

@@ -330,3 +330,30 @@ def same_text_share(turns: list[dict[str, Any]], reference: str) -> dict[str, fl
             same = sum(t["text"] == ref[(t["session"], t["turn"])] for t in mine)
             out[name] = same / len(mine)
     return out
+
+
+def same_text_from_drop(turns: list[dict[str, Any]], reference: str) -> dict[str, dict[str, Any]]:
+    """``same_text_share`` against ``reference`` split at each session's first turn that
+    dropped history (``dropped_turns`` > 0 in that configuration's own run): ``before`` (nothing
+    dropped yet: exact reuse must reproduce the reference's text), ``from_drop`` (that turn and
+    every later one: context shift's approximation, then histories that may have diverged) and
+    ``turns_from_drop``. Per configuration, over every round."""
+    ref = {(t["session"], t["turn"]): t["text"] for t in turns if t["config"] == reference}
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({t["config"] for t in turns} - {reference}):
+        first: dict[tuple[int, int], int] = {}  # (round, session) -> first turn that dropped
+        mine = [t for t in turns if t["config"] == name and (t["session"], t["turn"]) in ref]
+        for t in mine:
+            key = (t.get("repeat", 0), t["session"])
+            if t.get("dropped_turns") and t["turn"] < first.get(key, 1 << 30):
+                first[key] = t["turn"]
+        sides: dict[bool, list[bool]] = {False: [], True: []}
+        for t in mine:
+            late = t["turn"] >= first.get((t.get("repeat", 0), t["session"]), 1 << 30)
+            sides[late].append(t["text"] == ref[(t["session"], t["turn"])])
+        out[name] = {
+            "before": sum(sides[False]) / len(sides[False]) if sides[False] else math.nan,
+            "from_drop": sum(sides[True]) / len(sides[True]) if sides[True] else math.nan,
+            "turns_from_drop": len(sides[True]),
+        }
+    return out

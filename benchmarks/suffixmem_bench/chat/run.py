@@ -37,6 +37,7 @@ from suffixmem_bench.chat.metrics import (
     by_turn,
     evaluate_targets,
     merge_repeats,
+    same_text_from_drop,
     same_text_share,
     summarize,
 )
@@ -138,6 +139,10 @@ def run_one(
                     "by_turn": by_turn(records)})
     figures.update({k: v for k, v in final.items() if k.startswith("tier_")})
     return figures, records
+
+
+EXACT_REFERENCE = "suffixmem_torch_exact"
+"""The configuration whose replies approximate ones are compared with (context shift off)."""
 
 
 def run_chat(
@@ -261,6 +266,10 @@ def run_chat(
         **ctx.fields(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
+    if results.get(EXACT_REFERENCE, {}).get("status") == "ok":
+        # what approximate reuse changed in what the model said (greedy: same prompts, same
+        # text unless the KV differed)
+        report["text_same_as_exact"] = same_text_from_drop(all_turns, EXACT_REFERENCE)
     return report, all_turns
 
 
