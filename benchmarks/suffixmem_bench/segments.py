@@ -256,7 +256,7 @@ def register(bench: typer.Typer) -> None:
             "", help="Only the reuse events of these workloads (comma list of overflow, rag), "
                      "nothing else: a larger replay (with --event-sessions, --event-turns)."),
         event_turns: int = typer.Option(
-            0, help="Turns per replayed session (0: each workload's pinned count)."),
+            0, min=0, help="Turns per replayed session (0: each workload's pinned count)."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:

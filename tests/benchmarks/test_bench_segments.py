@@ -89,6 +89,8 @@ def test_events_of_an_unknown_workload_are_a_usage_error() -> None:
     result = CliRunner().invoke(_app(), ["segments", "--events", "overflow,chat"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "overflow,chat" in result.output
+    result = CliRunner().invoke(_app(), ["segments", "--events", "overflow", "--event-turns", "-1"])
+    assert result.exit_code == 2 and "--event-turns" in result.output
 
 
 @pytest.mark.slow
