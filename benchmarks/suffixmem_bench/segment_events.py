@@ -232,6 +232,23 @@ def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods
     return out
 
 
+def check_event_workloads(names: Sequence[str]) -> None:
+    """``ValueError`` naming what is wrong unless ``names`` are some of ``EVENT_WORKLOADS``."""
+    unknown = [w for w in names if w not in EVENT_WORKLOADS]
+    if unknown or not names:
+        raise ValueError(f"event workloads {unknown or '(none)'}: expected some of "
+                         f"{', '.join(EVENT_WORKLOADS)}")
+
+
+def serving_engine(model: str, threads: int) -> Any:
+    """The torch engine ``bench segments`` replays and times through (bf16, a 4,096-token
+    window, a 0.5 GiB pool, ``threads`` torch threads)."""
+    from suffixmem.engine import create_engine
+
+    return create_engine("torch", model=model, max_model_len=4096, kv_cache_gib=0.5,
+                         extra={"num_threads": threads})
+
+
 def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None,
                methods: Sequence[str] | None = None, model: str | None = None, threads: int = 1,
                continuation: int = 48, progress: Callable[[str], None] | None = None,
@@ -243,36 +260,23 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
     import time
 
     import torch
-    from transformers import AutoTokenizer
 
     from suffixmem.config import DEFAULT_MODEL
-    from suffixmem.engine import create_engine
     from suffixmem.engine.torch.llama import Llama
-    from suffixmem.models import resolve_model
+    from suffixmem_bench.segment_prompts import model_codec
     from suffixmem_bench.segment_scenarios import blends, parse_method
 
-    unknown = [w for w in workloads if w not in EVENT_WORKLOADS]
-    if unknown or not workloads:
-        raise ValueError(f"event workloads {unknown or '(none)'}: expected some of "
-                         f"{list(EVENT_WORKLOADS)}")
+    check_event_workloads(workloads)
     t0 = time.perf_counter()
     torch.set_num_threads(threads)
     model = model or DEFAULT_MODEL
-    path = resolve_model(model)
-    tok = AutoTokenizer.from_pretrained(str(path))
-
-    def count(text: str) -> int:
-        return len(tok(text, add_special_tokens=False)["input_ids"])
-
-    def decode(ids: list[int]) -> str:
-        return str(tok.decode(ids))
-
+    path, encode, decode = model_codec(model)
     method_list = [parse_method(m) for m in methods] if methods else blends()
-    engine = create_engine("torch", model=model, max_model_len=4096, kv_cache_gib=0.5,
-                           extra={"num_threads": threads})
+    engine = serving_engine(model, threads)
     try:
         llama = Llama.from_pretrained(path, torch.bfloat16)
-        events = measure_events(llama, engine, count, method_list, continuation, sessions,
+        events = measure_events(llama, engine, lambda t: len(encode(t)), method_list,
+                                continuation, sessions,
                                 {w: turns for w in workloads} if turns else None, decode,
                                 progress, workloads)
     finally:

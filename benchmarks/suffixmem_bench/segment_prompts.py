@@ -23,7 +23,25 @@ QUESTIONS = (
     "Explain Document {j} to a beginner in two sentences.",
 )
 
-Encode = Callable[[str], list[int]]
+
+
+# -- the model's tokenizer -------------------------------------------------------------------
+def model_codec(model: str) -> tuple[Path, Encode, Callable[[list[int]], str]]:
+    """The model's folder and its tokenizer's ``encode`` (no special tokens) and ``decode``."""
+    from transformers import AutoTokenizer
+
+    from suffixmem.models import resolve_model
+
+    path = resolve_model(model)
+    tok = AutoTokenizer.from_pretrained(str(path))
+
+    def encode(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(ids: list[int]) -> str:
+        return str(tok.decode(ids))
+
+    return path, encode, decode
 
 
 # -- real text -------------------------------------------------------------------------------

@@ -120,13 +120,11 @@ def run_segments(
     flattens the difference between computing 100 tokens and 500; ratios are what is reported.
     """
     import torch
-    from transformers import AutoTokenizer
 
-    from suffixmem.engine import create_engine
     from suffixmem.engine.torch.kv_pool import torch_dtype
     from suffixmem.engine.torch.llama import Llama
-    from suffixmem.models import resolve_model
-    from suffixmem_bench.segment_events import measure_events, workload_defaults
+    from suffixmem_bench.segment_events import measure_events, serving_engine, workload_defaults
+    from suffixmem_bench.segment_prompts import model_codec
     from suffixmem_bench.segment_scenarios import (
         GATE,
         SCENARIOS,
@@ -139,15 +137,7 @@ def run_segments(
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     torch.set_num_threads(threads)
-    path = resolve_model(model)
-    tok = AutoTokenizer.from_pretrained(str(path))
-
-    def encode(text: str) -> list[int]:
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-
-    def decode(ids: list[int]) -> str:
-        return str(tok.decode(ids))
-
+    path, encode, decode = model_codec(model)
     method_list = [parse_method(m) for m in methods] if methods else blends()
     bench = build_prompts(encode, prompts, segments, segment_tokens, seed)
     grid = [(int(k), float(r)) for k in k_values for r in r_values]
@@ -159,8 +149,7 @@ def run_segments(
     del llama
 
     say("time to first token through the torch engine")
-    engine = create_engine("torch", model=model, max_model_len=4096, kv_cache_gib=0.5,
-                           extra={"num_threads": threads})
+    engine = serving_engine(model, threads)
     bf16 = Llama.from_pretrained(path, torch.bfloat16)
     try:
         ttft, exact_ttft = measure_ttft(engine, bench, grid, repeats, check_layers)
@@ -271,12 +260,13 @@ def register(bench: typer.Typer) -> None:
         console = Console()
         say = None if as_json else lambda m: console.print(f"[dim]{m}[/]")
         if events:
-            from suffixmem_bench.segment_events import EVENT_WORKLOADS, run_events
+            from suffixmem_bench.segment_events import check_event_workloads, run_events
 
             names = [w.strip() for w in events.split(",") if w.strip()]
-            if not names or any(w not in EVENT_WORKLOADS for w in names):
-                raise typer.BadParameter(f"--events {events!r}: expected a comma list of "
-                                         f"{', '.join(EVENT_WORKLOADS)}")
+            try:
+                check_event_workloads(names)
+            except ValueError as e:
+                raise typer.BadParameter(f"--events {events!r}: {e}") from None
             if event_sessions < 1:
                 raise typer.BadParameter("--events needs --event-sessions >= 1")
             with quiet_stdout(as_json), RunContext(threads) as ctx:
