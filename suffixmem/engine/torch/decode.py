@@ -5,8 +5,9 @@ and dispatcher overhead per tensor op, which at ~60 ops per layer was a third of
 loop runs exactly the operations of ``Llama.qkv`` / ``Llama.finish`` and the runner's decode
 attention (bit-identical results, tested) in fewer Python calls per layer: projections bound
 to their prepacked weights, RoPE on ``[B, 1, D]`` tables looked up once per step, q/k/v split
-in one call, one ``index_copy_`` per K and V into per-layer views, attention over
-``as_strided`` views (no per-layer select/slice/transpose chains).
+in one call, one ``index_copy_`` per K and V into per-layer views, attention
+(``attention.one_query``) over ``as_strided`` views (no per-layer select/slice/transpose
+chains).
 
 Where the context's K/V come from (``KVSource``), cheapest first:
 
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from suffixmem.engine.torch.attention import one_query
 from suffixmem.engine.torch.kv_pool import KVPool
 from suffixmem.engine.torch.llama import Llama, rms_norm
 from suffixmem.engine.torch.rope import RopeTable
@@ -250,10 +252,8 @@ class Decoder:
                 out = torch.cat([F.scaled_dot_product_attention(
                     q[b][:, None, :][None], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n],
                     enable_gqa=True).reshape(1, -1) for b, n in enumerate(lengths)])
-            else:  # the query heads of one KV head become rows of an MQA-shaped call
-                out = F.scaled_dot_product_attention(
-                    q.reshape(batch, kvh, c.n_rep, d), kc, vc, attn_mask=mask,
-                ).reshape(batch, nh * d)
+            else:  # query heads grouped by KV head (attention.one_query)
+                out = one_query(q.reshape(batch, kvh, c.n_rep, d), kc, vc, mask)
             # Llama.finish: o_proj and residual, RMSNorm, SwiGLU and residual
             x = x + f.o(out)
             gate, up = f.gate_up(rms_norm(x, w.post_norm, eps)).split(c.intermediate_size, -1)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from suffixmem.engine.torch.attention import one_query
 from suffixmem.engine.torch.linear import Linear, PackedLinears
 from suffixmem.engine.torch.rope import cos_sin, rope_signed, signed_sin
 from suffixmem.errors import ModelError
@@ -294,11 +295,9 @@ class Llama:
         else:
             mask = k_pos[None, :] <= q_pos[:, None]  # [Nq, Nk]
             if nq == 1 and bool(mask.all()):
-                # one query seeing everything (decode): pack the query heads of each KV head as
-                # rows, an MQA-shaped call that is much faster than enable_gqa on CPU
+                # one query seeing everything (decode): the decode step's own attention
                 packed = q.view(c.num_kv_heads, c.n_rep, c.head_dim).unsqueeze(0)
-                out = F.scaled_dot_product_attention(packed, kh, vh)
-                return out.reshape(1, c.num_heads * c.head_dim)
+                return one_query(packed, kh, vh)
             if nq <= SMALL_QUERY:
                 return self._attend_small(q, k, v, mask)
             out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)

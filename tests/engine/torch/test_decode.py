@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from suffixmem.engine.torch import decode
+from suffixmem.engine.torch import attention, decode
 from suffixmem.engine.torch.kv_pool import KVPool
 from suffixmem.engine.torch.linear import PackedLinears
 from suffixmem.engine.torch.llama import Llama
@@ -22,6 +22,14 @@ from tests.engine.torch.conftest import state_of
 
 BS = 4
 TOL = 1e-5
+
+
+@pytest.fixture(params=["packed_sdpa", "block_diagonal"])
+def attention_path(request: Any, monkeypatch: Any) -> str:
+    """Run a test over both ways of ``attention.one_query`` (the switch set below and above
+    the tests' short contexts)."""
+    monkeypatch.setattr(attention, "LONG_CONTEXT", 10**9 if request.param == "packed_sdpa" else 0)
+    return str(request.param)
 
 
 def runner_for(model: Llama, mirror_bytes: int | None = 1 << 30,
@@ -50,7 +58,8 @@ def decode_run(runner: ModelRunner, ids: list[int], table: list[int], start: int
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_view_mirror_and_gather_give_the_same_logits(tiny: Any, dtype: torch.dtype) -> None:
+def test_view_mirror_and_gather_give_the_same_logits(tiny: Any, dtype: torch.dtype,
+                                                     attention_path: str) -> None:
     _, model = tiny
     if dtype == torch.bfloat16:
         model = bf16(model)
@@ -72,7 +81,8 @@ def test_view_mirror_and_gather_give_the_same_logits(tiny: Any, dtype: torch.dty
 
 
 @pytest.mark.parametrize("exact", [False, True])
-def test_decode_step_equals_the_layer_primitives_bit_for_bit(tiny: Any, exact: bool) -> None:
+def test_decode_step_equals_the_layer_primitives_bit_for_bit(tiny: Any, exact: bool,
+                                                             attention_path: str) -> None:
     """bf16: the fused decode loop runs the same operations as ``qkv`` / ``attend`` /
     ``finish`` / ``logits`` (the reference primitives), so the logits are identical."""
     model = bf16(tiny[1])
@@ -102,8 +112,8 @@ def test_decode_step_equals_the_layer_primitives_bit_for_bit(tiny: Any, exact: b
     assert torch.equal(got, model.logits(h)[0].float())
 
 
-def test_mirror_follows_batch_changes_prefills_and_growth(tiny: Any,
-                                                          monkeypatch: Any) -> None:
+def test_mirror_follows_batch_changes_prefills_and_growth(tiny: Any, monkeypatch: Any,
+                                                          attention_path: str) -> None:
     """A batch of uneven sequences decodes over the mirror; one leaves, another joins after a
     prefill, the context outgrows the mirror: every step equals the dense forward (fp32), and
     the mirror is rebuilt exactly when it must be."""
