@@ -17,11 +17,14 @@
   calibrate on a quiet machine first (``suffixmem bench engines --repeats 3`` alone).
 
 Every bench's JSON carries ``RunContext.fields()``: ``commit``, ``load_avg``, ``noisy``,
-``matmul_gflops``, ``idle_gflops``, ``threads``.
+``matmul_gflops``, ``idle_gflops``, ``threads`` and ``machine`` (CPU name, cores, L3 size,
+memory: hosts sold under one CPU name differ several-fold in memory-bound timings, so a rerun
+compares only with a run on the same ``machine``; the idle rate is kept per machine too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -171,8 +174,28 @@ def cpu_name(default: str = "?") -> str:
     return default
 
 
+def l3_cache(default: str = "?") -> str:
+    """The last-level cache's size as the kernel reports it (``"32768K"``), else ``default``.
+    Hosts that report the same CPU name can differ here (a virtual machine's model name is
+    often generic), and so do their memory-bound timings."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        with contextlib.suppress(OSError):
+            if (index / "level").read_text().strip() == "3":
+                return (index / "size").read_text().strip()
+    return default
+
+
+def machine() -> dict[str, Any]:
+    """What a rerun must match for its timings to compare: CPU name, cores, L3 size, memory."""
+    mem_gib = math.nan
+    with contextlib.suppress(ValueError, OSError):
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "l3": l3_cache(),
+            "memory_gib": round(mem_gib, 1)}
+
+
 def _machine_key(threads: int) -> str:
-    return f"{cpu_name()}|{os.cpu_count()} cores|{threads} threads"
+    return f"{cpu_name()}|L3 {l3_cache()}|{os.cpu_count()} cores|{threads} threads"
 
 
 def idle_gflops(threads: int, path: Path = IDLE_FILE) -> float | None:
@@ -258,4 +281,5 @@ class RunContext:
             "idle_gflops": idle,
             "noisy": noisy,
             "threads": self.threads,
+            "machine": machine(),
         }

@@ -54,6 +54,25 @@ def test_run_context_records_load_probe_commit_and_idle(tmp_path: Path,
     assert f["idle_gflops"] == max(f["matmul_gflops"].values())
     assert f["noisy"] is False
     assert json.loads(idle.read_text())  # recorded for the next run
+    m = f["machine"]
+    assert m["cores"] >= 1 and m["memory_gib"] > 0 and m["cpu"]
+    assert m["l3"] == measure.l3_cache()
+
+
+def test_the_idle_rate_is_kept_per_machine_l3_included(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hosts under one CPU name (a VM's generic model name) but different caches keep
+    separate idle rates: a fast host's rate must not mark a slower host's runs noisy."""
+    monkeypatch.delenv(measure.IDLE_ENV, raising=False)
+    idle = tmp_path / "idle.json"
+    monkeypatch.setattr(measure, "cpu_name", lambda default="?": "Some CPU")
+    monkeypatch.setattr(measure, "l3_cache", lambda default="?": "262144K")
+    measure.record_idle(2, 400.0, idle)
+    monkeypatch.setattr(measure, "l3_cache", lambda default="?": "32768K")
+    assert measure.idle_gflops(2, idle) is None
+    measure.record_idle(2, 200.0, idle)
+    assert measure.idle_gflops(2, idle) == 200.0
+    assert sorted(json.loads(idle.read_text()).values()) == [200.0, 400.0]
 
 
 def test_a_probe_below_half_the_idle_rate_is_noisy(tmp_path: Path,

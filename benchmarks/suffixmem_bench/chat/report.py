@@ -23,7 +23,7 @@ PLOT_FILES = ("ttft_by_turn.png", "hit_rate_by_turn.png")
 
 def machine_info() -> dict[str, Any]:
     """Where the run happened: CPU, cores, memory, load, library versions and the commit."""
-    from suffixmem_bench.measure import cpu_name, load_avg
+    from suffixmem_bench.measure import cpu_name, l3_cache, load_avg
 
     cpu = cpu_name(platform.processor() or platform.machine())
     mem_gib = math.nan
@@ -42,6 +42,7 @@ def machine_info() -> dict[str, Any]:
         commit = ""
     return {
         "cpu": cpu,
+        "l3": l3_cache(),
         "cores": os.cpu_count(),
         "memory_gib": round(mem_gib, 1),
         "platform": platform.platform(),
