@@ -42,6 +42,9 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert set(report) >= {"configs", "targets", "machine", "workload"}
+    machine = report["machine"]  # the host and the library versions, both
+    assert machine["l3"] and machine["cores"] >= 1 and machine["platform"]
+    assert machine["versions"]["torch"]
     assert report["workload"]["sessions"] == 1 and report["workload"]["turns"] == 2
     assert report["workload"]["repeats"] == 3 and report["baselines"] == ["naive"]
     assert isinstance(report["noisy"], bool) and report["commit"]
@@ -73,6 +76,7 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     assert json.loads((folder / "report.json").read_text()) == report
     md = (folder / "report.md").read_text()
     assert "| naive |" in md and "| transformers |" in md
+    assert md.count("Machine:") == 1 and f"(L3 {machine['l3']})" in md
     turns = [json.loads(line) for line in (folder / "turns.jsonl").read_text().splitlines()]
     # alternating processes: every configuration once per round
     assert [(t["repeat"], t["config"], t["turn"]) for t in turns] == [

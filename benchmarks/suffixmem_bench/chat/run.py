@@ -254,7 +254,6 @@ def run_chat(
         "configs": results,
         "targets": (pinned.targets(results) if pinned is not None
                     else evaluate_targets(results, workload.name)),
-        "machine": machine,
         "workload": {
             "name": workload.name, "mode": workload.mode, "sessions": sessions, "turns": turns,
             "max_tokens": max_tokens, "system_tokens": workload.system_tokens,
@@ -264,6 +263,7 @@ def run_chat(
         },
         "baselines": [b for b in BASELINES if results.get(b, {}).get("status") == "ok"],
         **ctx.fields(),
+        "machine": machine,  # machine_info(): RunContext's fields and the library versions
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
     if results.get(EXACT_REFERENCE, {}).get("status") == "ok":
@@ -300,7 +300,7 @@ def run_returning_chat(
                                            workload=workload, timeout_s=timeout_s,
                                            run_one=run_one, on_event=on_event)
     report = report_for(results, workload, options, machine_info())
-    report.update(ctx.fields())
+    report.update({k: v for k, v in ctx.fields().items() if k != "machine"})
     report["text_same_as_naive"] = same_text_share(all_turns, "naive")
     return report, all_turns
 
