@@ -36,12 +36,13 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from suffixmem.conversation.anon_keys import AnonKeys
 from suffixmem.conversation.background import Background, Job
 from suffixmem.conversation.cluster import SharedTurnLock
 from suffixmem.conversation.layout import LAYOUTS, Layout
 from suffixmem.conversation.locks import SessionBusyError, SessionLocks
 from suffixmem.conversation.manager_config import ManagerConfig, SessionInfo
-from suffixmem.conversation.reconcile import anon_key, check_messages, reconcile
+from suffixmem.conversation.reconcile import check_messages, reconcile
 from suffixmem.conversation.records import NewMessage, NewSession
 from suffixmem.conversation.store import Store
 from suffixmem.conversation.temperature import scheme_for, session_range
@@ -109,6 +110,7 @@ class ConversationManager(TurnPath):
         self._shared = SharedTurnLock(self.store)  # across processes (PostgreSQL)
         # session -> writes by this manager; a turn re-reads its state only if it moved
         self._versions: dict[str, int] = {}
+        self._anon = AnonKeys()  # stateless calls' keys, across the caller's window
         self._topic_updates: dict[str, Job] = {}
         self._background = Background()
 
@@ -247,7 +249,8 @@ class ConversationManager(TurnPath):
         the stored session (see ``reconcile``); ``session_id=None`` is stateless. With
         ``show_schema`` and a ``json_schema``, a system message showing the schema follows the
         conversation (not stored). ``anon_scope`` (stateless calls): who may share the derived
-        cache key, e.g. an API key's namespace. Same atomicity as ``stream_chat``."""
+        cache key, e.g. an API key's namespace; the key follows the conversation across the
+        caller's own sliding window (``anon_keys``). Same atomicity as ``stream_chat``."""
         started = time.perf_counter()
         sid = None if session_id is None else check_session_id(session_id)
         msgs = check_messages(messages, self.config.max_message_chars)
@@ -273,7 +276,7 @@ class ConversationManager(TurnPath):
             elif r.replace:
                 new = NewSession(rec.title, rec.model, r.system_prompt)  # type: ignore[union-attr]
             return TurnSpec(
-                key=sid if sid is not None else anon_key(msgs, anon_scope), session_id=sid,
+                key=sid if sid is not None else self._anon.key(msgs, anon_scope), session_id=sid,
                 kind=r.kind if sid is not None else "stateless", system_prompt=r.system_prompt,
                 history=list(r.history), tail=tail, context=(), to_store=list(r.to_store),
                 user_text=users[-1] if users else None,

@@ -110,3 +110,26 @@ def test_an_applications_own_sliding_window_shifts_too(engine: Recorder,
         assert [m.content for m in mgr.history("win")][:2] == [QUESTIONS[1], msgs[4].content]
     finally:
         mgr.close()
+
+
+def test_a_stateless_window_keeps_its_key_and_shifts(engine: Recorder, tmp_path: Path) -> None:
+    """The same window without a session id: the engine key stays the conversation's
+    (``anon_keys``), so the window turn finds the previous sequence and shifts it, and nothing
+    is stored."""
+    mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'a.db'}", ManagerConfig(**SETTINGS))
+    try:
+        msgs = [Message("system", SYSTEM)]
+        keys = []
+        for q in QUESTIONS[:4]:
+            r = mgr.complete(None, [*msgs, Message("user", q)], temperature=0.0)
+            keys.append(engine.requests[-1].session_key)
+            msgs += [Message("user", q), Message("assistant", r.text)]
+        kept = [msgs[0], *msgs[3:]]  # the oldest exchange dropped
+        r = mgr.complete(None, [*kept, Message("user", QUESTIONS[4])], temperature=0.0)
+        request = engine.requests[-1]
+        assert r.history == "stateless" and mgr.list_sessions() == []
+        assert len(set(keys)) == 1 and request.session_key == keys[0]
+        assert not request.exact and request.segments == ()
+        assert r.result.reused_segment_tokens > 32
+    finally:
+        mgr.close()
