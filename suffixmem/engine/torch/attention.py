@@ -20,9 +20,11 @@ heads, ``R`` query heads per KV head, ``H = KV * R``, ``D`` head dim, ``T`` cont
   transformers' eager attention (SDPA keeps them in fp32): a different last bit, not a
   different method.
 
-``LONG_CONTEXT`` is the switch point. Both ways are deterministic for a given context length,
-so a decode step and the layer primitives (``Llama.attend``), which both call ``one_query``,
-agree bit for bit.
+``one_query`` takes the products for one sequence from ``LONG_CONTEXT`` tokens on; batches stay
+on packed SDPA (with a padding mask), where the products measured 3-30% slower at every shape
+tried (docs/profile-decode.md, round 4). Both ways are deterministic for a given shape, so a
+decode step and the layer primitives (``Llama.attend``), which both call ``one_query``, agree
+bit for bit.
 """
 
 from __future__ import annotations
@@ -39,9 +41,16 @@ def one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     over ``k, v [B, KV, T, D]``; ``mask [B, 1, 1, T]`` (bool, True = visible) or None for
     all-visible. Returns ``[B, H * D]``. Scale ``1 / sqrt(D)`` as SDPA's default."""
     b, kvh, r, d = q.shape
-    t = k.shape[2]
-    if t < LONG_CONTEXT:
+    if b > 1 or k.shape[2] < LONG_CONTEXT:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(b, kvh * r * d)
+    return block_diagonal(q, k, v, mask)
+
+
+def block_diagonal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``one_query``'s long-context way for any batch (module docstring), same contract."""
+    b, kvh, r, d = q.shape
+    t = k.shape[2]
     # [B, T, KV * D]: a view when K/V rows are [KV, D] contiguous (pool, mirror, gather)
     kf, vf = k.transpose(1, 2).flatten(2), v.transpose(1, 2).flatten(2)
     eye = torch.eye(kvh, dtype=q.dtype).view(1, kvh, 1, kvh, 1)

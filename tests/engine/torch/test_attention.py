@@ -35,20 +35,19 @@ def test_block_diagonal_products_equal_sdpa(monkeypatch: Any, dtype: torch.dtype
                                          attn_mask=mask).reshape(b, -1)
     monkeypatch.setattr(attention, "LONG_CONTEXT", 10**9)
     short = attention.one_query(q, k, v, mask)
-    monkeypatch.setattr(attention, "LONG_CONTEXT", t)
-    long = attention.one_query(q, k, v, mask)
+    long = attention.block_diagonal(q, k, v, mask)
     assert long.dtype == dtype and long.shape == (b, kvh * r * d)
     assert (long.float() - ref).abs().max().item() <= tol
     assert (short.float() - ref).abs().max().item() <= tol
     if masked:  # what a shorter sequence may not see changes nothing
         k2 = k.clone()
         k2[2, :, t - 100:] = 100.0
-        assert torch.equal(attention.one_query(q, k2, v, mask)[2], long[2])
+        assert torch.equal(attention.block_diagonal(q, k2, v, mask)[2], long[2])
 
 
-def test_the_switch_is_the_context_length(monkeypatch: Any) -> None:
-    """Below ``LONG_CONTEXT`` the packed SDPA call, from it on the products (different last
-    bits in bf16, so the path taken is visible)."""
+def test_the_switch_is_the_context_length_of_one_sequence(monkeypatch: Any) -> None:
+    """One sequence: below ``LONG_CONTEXT`` the packed SDPA call, from it on the products
+    (different last bits in bf16, so the path taken is visible); a batch: SDPA at any length."""
     g = torch.Generator().manual_seed(1)
     q = torch.randn(1, 3, 3, 64, generator=g).to(torch.bfloat16)
     k = pool_views(1, 3, 64, 64, torch.bfloat16, g)
@@ -57,7 +56,11 @@ def test_the_switch_is_the_context_length(monkeypatch: Any) -> None:
     monkeypatch.setattr(attention, "LONG_CONTEXT", 65)
     assert torch.equal(attention.one_query(q, k, v), sdpa)
     monkeypatch.setattr(attention, "LONG_CONTEXT", 64)
+    assert torch.equal(attention.one_query(q, k, v), attention.block_diagonal(q, k, v))
     assert not torch.equal(attention.one_query(q, k, v), sdpa)
+    qb, kb, vb = (torch.cat([x, x]) for x in (q, k, v))
+    assert torch.equal(attention.one_query(qb, kb, vb),
+                       F.scaled_dot_product_attention(qb, kb, vb).reshape(2, -1))
 
 
 def test_real_model_long_context_decode_agrees_with_fp32_on_both_paths(
