@@ -8,18 +8,21 @@ drops the first user message once the window fills, and every turn from then on 
 under per-session isolation nothing cached was found, not even the system prompt, and the
 torch engine's context shift, which remembers each key's previous sequence, never saw one.
 
-``AnonKeys`` remembers, per manager, which key each *exchange* (a user message and the
-assistant reply that follows it) was last sent under. A call whose first exchange is known
-continues that exchange's conversation and its key; any other call gets ``anon_key``. Each call
-records its first and newest exchanges, so the exchange a window starts with next time (one the
-conversation already answered) is known when it gets there. An exchange is identified by the
-scope, the system prompt and both texts (the reply is the model's own output), hashed.
+``AnonKeys`` remembers, per manager, which key each *exchange* was last sent under: a user
+message, the assistant reply after it and the user message after that (three messages, so that
+a common short exchange such as "thanks" / "You're welcome!" alone does not tie two
+conversations together). A call whose first exchange is known continues that exchange's
+conversation and its key; any other call gets ``anon_key``. Each call records its first and
+newest exchanges (the newest ends with the question being asked), so the exchange a window
+starts with next time is known when it gets there. An exchange is identified by the scope, the
+system prompt and the three texts, hashed.
 
 Trade-offs: the memory is in-process (``capacity`` exchanges, least recently used dropped), so
 after a restart a windowed conversation starts a new key once. Two conversations of one scope
-and system prompt that share an exchange word for word share a key from then on; conversations
-starting with the same user message already did (``anon_key``), and a scope never shares with
-another scope.
+and system prompt that share an exchange word for word share a key from then on, and with it
+the key's cached KV (on the torch engine, context shift may then place the other
+conversation's KV of that exchange); conversations starting with the same user message already
+shared a key (``anon_key``), and a scope never shares with another scope.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ from suffixmem.engine.protocol import Message
 CAPACITY = 8192  # exchanges remembered (~100 bytes each)
 
 
-def _exchanges(conv: Sequence[Message]) -> list[tuple[str, str]]:
-    """The (user, assistant) pairs of adjacent messages, in order."""
-    return [(a.content, b.content) for a, b in itertools.pairwise(conv)
-            if a.role == "user" and b.role == "assistant"]
+def _exchanges(conv: Sequence[Message]) -> list[tuple[str, str, str]]:
+    """The (user, assistant, user) runs of adjacent messages, in order."""
+    return [(a.content, b.content, c.content) for (a, b), c in zip(itertools.pairwise(conv),
+                                                                  conv[2:], strict=False)
+            if (a.role, b.role, c.role) == ("user", "assistant", "user")]
 
 
 class AnonKeys:
@@ -56,7 +60,7 @@ class AnonKeys:
         return len(self._keys)
 
     @staticmethod
-    def _fingerprint(scope: str, system: str | None, exchange: tuple[str, str]) -> bytes:
+    def _fingerprint(scope: str, system: str | None, exchange: tuple[str, ...]) -> bytes:
         h = hashlib.blake2b(digest_size=16)
         for part in (scope, system or "", *exchange):
             h.update(part.encode())

@@ -6,13 +6,14 @@ heads, ``R`` query heads per KV head, ``H = KV * R``, ``D`` head dim, ``T`` cont
 - **Packed SDPA** (short contexts): the ``R`` query heads of a KV head become rows of an
   MQA-shaped ``scaled_dot_product_attention`` call. Its CPU kernel splits work over (sequence,
   KV head), which for the default model is 3 work items on 2 cores, and runs an inner loop
-  tuned for many queries: at 1,564 tokens it reads K/V at ~6 GB/s, a third of a decode step.
+  tuned for many queries: at 1,564 tokens it reads K/V at ~5 GB/s, a third of a decode step
+  on the AMD EPYC host (docs/profile-decode.md, round 4).
 - **Block-diagonal products** (long contexts): K and V are read as ``[T, KV * D]`` rows (their
   layout in the pool), once, by two batched matrix products that split freely over ``T``:
   scores ``[B, H, T] = Q' @ K^T`` where ``Q'`` ``[B, H, KV * D]`` holds each query head in its
   KV head's ``D`` columns and zeros elsewhere, a softmax in fp32, then ``P @ V`` whose
   diagonal ``D``-blocks are the heads' outputs. The zeros cost ``KV`` times the (tiny) FLOPs
-  and contribute exactly 0. Measured on 2 cores with the default model: attention alone over
+  and contribute exactly 0. Measured there with the default model: attention alone over
   30 layers with cold caches 7.3 -> 5.1 ms at 1,564 tokens, 11.6 -> 6.1 at 3,000; whole decode
   steps (interleaved) 22.0 -> 21.2 ms at 1,564 tokens, 27.3 -> 22.9 at 3,000, slower below
   ~1,200 (docs/torch-engine.md).
