@@ -71,7 +71,8 @@ class AnonKeys:
         """The session key of a stateless call sending ``messages`` (checked, non-empty)."""
         system, before, tail = split(messages)
         pairs = _exchanges([*before, *tail])
-        prints = [self._fingerprint(scope, system, p) for p in (pairs[:1] + pairs[-1:])]
+        ends = pairs[:1] + pairs[1:][-1:]  # first and newest (once when they are one)
+        prints = [self._fingerprint(scope, system, p) for p in ends]
         with self._lock:
             found = self._keys.get(prints[0]) if prints else None
             key = found if found is not None else anon_key(messages, scope)
