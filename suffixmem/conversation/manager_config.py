@@ -13,6 +13,9 @@ from suffixmem.conversation.validation import MAX_TEXT_CHARS
 from suffixmem.errors import ConfigError
 from suffixmem.retention import RetentionPolicy
 
+DURABILITY = ("async", "sync")
+"""When a turn is stored: just after its call returns, or before (``ManagerConfig``)."""
+
 
 @dataclass(slots=True)
 class ManagerConfig:
@@ -44,6 +47,12 @@ class ManagerConfig:
       approximates. Default on: ``bench segments``' gate passes on the overflow workload's
       eviction turns (docs/segment-reuse.md). Turns that drop nothing reproduce the exact run;
       False keeps every turn exact.
+    - ``durability``: ``"async"`` (default) stores a finished turn just after the call
+      returns, on the background worker, which saves the caller the commit (~0.5 ms); this
+      process's next read of the session waits for it, but a process killed within
+      ``Background.delay_s`` (0.2 s) of a reply loses that turn. ``"sync"`` commits before the
+      call returns, and is used whatever this says when other processes may write the session
+      (PostgreSQL). As LangGraph's ``durability``; see ``write_behind``.
     """
 
     system_prompt: str | None = None
@@ -63,6 +72,7 @@ class ManagerConfig:
     record_segments: bool = True
     exact: bool = True
     context_shift: bool = True
+    durability: str = "async"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,6 +88,9 @@ class ManagerConfig:
             raise ConfigError(f"lock_timeout_s must be > 0, got {self.lock_timeout_s}")
         if self.max_message_chars < 1:
             raise ConfigError(f"max_message_chars must be >= 1, got {self.max_message_chars}")
+        if self.durability not in DURABILITY:
+            raise ConfigError(f"durability must be one of {list(DURABILITY)}, "
+                              f"got {self.durability!r}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
 

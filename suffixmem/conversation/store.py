@@ -9,7 +9,10 @@ Contract:
   yet: ``history_cache``); ``commit_turn`` stores the turn's messages, statistics and session
   state in one (creating the session, or replacing its history, in the same transaction when
   asked). Read-only transactions never wait for writers (SQLite: deferred ``BEGIN`` under WAL,
-  see ``database``).
+  see ``database``). ``commit_later`` is ``commit_turn`` as a job for the background worker
+  (``write_behind``): every method here first settles the pending commit of the session it
+  touches (all of them for ``list_sessions``, ``turn_events()`` and ``close``), so callers of
+  this store always see a turn once its call has returned.
 - Positions of a session's messages are 0, 1, 2, ... with no gaps; writers of the same session
   are serialised (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: a row lock on the session), so
   concurrent writers from several threads lose nothing.
@@ -60,6 +63,7 @@ from suffixmem.conversation.schema import (
 from suffixmem.conversation.segment_store import SegmentQueries, SegmentSQL
 from suffixmem.conversation.turn_store import TurnQueries, TurnSQL
 from suffixmem.conversation.validation import check_session_id, check_text
+from suffixmem.conversation.write_behind import PendingCommits
 from suffixmem.engine.protocol import ROLES
 from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
 
@@ -84,6 +88,7 @@ class Store(TurnQueries, SegmentQueries):
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._reads = sessionmaker(read_engine(self.engine), expire_on_commit=False)
         self.history_cache = HistoryCache()
+        self.pending = PendingCommits()  # turns committed behind their callers (write_behind)
         self._writer = writer_lock(self.engine)  # this process's writers queue here (database)
         try:
             with self.engine.connect():
@@ -147,6 +152,7 @@ class Store(TurnQueries, SegmentQueries):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        self.pending.settle_all()
         self.engine.dispose()
 
     # -- sessions -------------------------------------------------------------------------------
@@ -172,6 +178,7 @@ class Store(TurnQueries, SegmentQueries):
         """Create the session unless it exists; returns ``(record, created)``. An existing
         session is returned unchanged (its title and system prompt are kept)."""
         sid = check_session_id(session_id) if session_id is not None else uuid.uuid4().hex
+        self.pending.settle(sid)
 
         def run(s: Session) -> tuple[SessionRecord, bool]:
             row = s.get(SessionRow, sid)
@@ -190,6 +197,7 @@ class Store(TurnQueries, SegmentQueries):
         return self._retrying(run)  # type: ignore[no-any-return]
 
     def get_session(self, session_id: str) -> SessionRecord | None:
+        self.pending.settle(session_id)
         with self._tx(read=True) as s:
             row = s.get(SessionRow, check_session_id(session_id))
             return None if row is None else self._record(s, row)
@@ -202,6 +210,7 @@ class Store(TurnQueries, SegmentQueries):
 
     def list_sessions(self) -> list[SessionRecord]:
         """All sessions, most recently updated first."""
+        self.pending.settle_all()
         with self._tx(read=True) as s:
             counts = dict(
                 s.execute(
@@ -229,6 +238,8 @@ class Store(TurnQueries, SegmentQueries):
         """Copy a session (state, messages, window) under a new id."""
         src_id = check_session_id(session_id)
         nid = check_session_id(new_id) if new_id is not None else uuid.uuid4().hex
+        self.pending.settle(src_id)
+        self.pending.settle(nid)
 
         def run(s: Session) -> SessionRecord:
             src = s.get(SessionRow, src_id)
@@ -261,6 +272,7 @@ class Store(TurnQueries, SegmentQueries):
 
     def delete_session(self, session_id: str) -> None:
         sid = check_session_id(session_id)
+        self.pending.settle(sid)
         self.history_cache.drop(sid)
         with self._tx() as s:
             if s.get(SessionRow, sid) is None:
@@ -275,6 +287,7 @@ class Store(TurnQueries, SegmentQueries):
     def messages(self, session_id: str) -> list[StoredMessage]:
         """The session's committed messages in order (``UnknownSessionError`` if missing)."""
         sid = check_session_id(session_id)
+        self.pending.settle(sid)
         with self._tx(read=True) as s:
             if s.get(SessionRow, sid) is None:
                 raise UnknownSessionError(sid)
@@ -297,6 +310,7 @@ class Store(TurnQueries, SegmentQueries):
         """Append messages atomically; returns their positions."""
         self._check(messages)
         sid = check_session_id(session_id)
+        self.pending.settle(sid)
 
         def run(s: Session) -> list[int]:
             row = self._lock_session(s, sid)
@@ -311,6 +325,7 @@ class Store(TurnQueries, SegmentQueries):
     def clear_history(self, session_id: str, temperature: float = START_TEMPERATURE) -> None:
         """Delete the session's messages and reset its window and ``temperature``."""
         sid = check_session_id(session_id)
+        self.pending.settle(sid)
         self.history_cache.drop(sid)
         with self._tx() as s:
             row = self._lock_session(s, sid)
@@ -324,6 +339,7 @@ class Store(TurnQueries, SegmentQueries):
         """Store the session's own semantic temperature range (None: the manager's) and move
         its current temperature with ``clamp`` (into the new range), in one transaction."""
         sid = check_session_id(session_id)
+        self.pending.settle(sid)
 
         def run(s: Session) -> SessionRecord:
             row = self._lock_session(s, sid)
@@ -337,6 +353,10 @@ class Store(TurnQueries, SegmentQueries):
 
     # -- turn events ----------------------------------------------------------------------------
     def turn_events(self, session_id: str | None = None) -> list[TurnEvent]:
+        if session_id is None:
+            self.pending.settle_all()
+        else:
+            self.pending.settle(session_id)
         with self._tx(read=True) as s:
             q = select(TurnEventRow).order_by(TurnEventRow.id)
             if session_id is not None:

@@ -134,11 +134,14 @@ class TurnPath:
             messages, text = turn_messages(plan, result, self.engine, self.counter.count,
                                            counting.run())
             if sid is not None:
-                self.store.commit_turn(
-                    sid, messages, turn_event(plan, result), temperature=plan.temperature,
-                    window_start=plan.prompt.window_start, create=plan.spec.create,
-                    replace_history=plan.spec.replace,
-                )
+                state = {"temperature": plan.temperature,
+                         "window_start": plan.prompt.window_start,
+                         "create": plan.spec.create, "replace_history": plan.spec.replace}
+                event = turn_event(plan, result)
+                if self.config.durability == "sync" or self._shared.shared:
+                    self.store.commit_turn(sid, messages, event, **state)
+                else:  # stored by the worker; this process's next read of sid waits for it
+                    self._background.put(self.store.commit_later(sid, messages, event, **state))
                 self._versions[sid] = self._versions.get(sid, 0) + 1
                 self._bookkeep(sid, plan, result, text, release_engine=alongside)
             overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)

@@ -19,6 +19,7 @@ from sqlalchemy import Connection, bindparam, delete, func, insert, select, upda
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
+from suffixmem.conversation.background import Job
 from suffixmem.conversation.history_cache import CachedHistory, HistoryCache
 from suffixmem.conversation.prepared import Prepared
 from suffixmem.conversation.records import (
@@ -31,6 +32,7 @@ from suffixmem.conversation.records import (
 )
 from suffixmem.conversation.schema import MessageRow, SessionRow, TurnEventRow, utcnow
 from suffixmem.conversation.validation import check_session_id
+from suffixmem.conversation.write_behind import PendingCommits
 from suffixmem.errors import UnknownSessionError
 
 SESSIONS = SessionRow.__table__
@@ -86,6 +88,7 @@ class TurnQueries:
 
     history_cache: HistoryCache
     turn_sql: TurnSQL
+    pending: PendingCommits
 
     def _conn(self, read: bool = False) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError  # provided by Store
@@ -117,6 +120,7 @@ class TurnQueries:
         """The session and its history read in one read-only transaction (None: no such
         session). Only messages not seen by an earlier call are read (``history_cache``)."""
         sid = check_session_id(session_id)
+        self.pending.settle(sid)
         cache = self.history_cache
         with self._conn(read=True) as s:
             # a plain row with every column: ``_record`` reads it like an ORM row
@@ -185,6 +189,16 @@ class TurnQueries:
         ``messages`` (and the system prompt set from ``create``). Returns the positions."""
         self._check(messages)
         sid = check_session_id(session_id)
+        self.pending.settle(sid)  # an earlier turn of the session queued behind its caller
+        return self._commit(sid, messages, turn, temperature=temperature,
+                            window_start=window_start, create=create,
+                            replace_history=replace_history)
+
+    def _commit(
+        self, sid: str, messages: Sequence[NewMessage], turn: TurnEvent, *,
+        temperature: float, window_start: int, create: NewSession | None,
+        replace_history: bool,
+    ) -> list[int]:
 
         def run(conn: Any) -> tuple[tuple[StoredMessage, ...], datetime]:
             now = utcnow()
@@ -223,3 +237,14 @@ class TurnQueries:
         elif stored:
             self.history_cache.extend(sid, stored[0].position, stored, stamp)
         return [m.position for m in stored]
+
+    def commit_later(self, session_id: str, messages: Sequence[NewMessage], turn: TurnEvent,
+                     **state: Any) -> Job:
+        """``commit_turn`` (same arguments) as a ``Job`` for the caller to queue, registered
+        as the session's pending commit (``write_behind``). The messages are checked now, so
+        bad input still fails the call itself."""
+        self._check(messages)
+        sid = check_session_id(session_id)
+        # _commit, not commit_turn: settling from inside the pending job would wait for itself
+        return self.pending.add(
+            sid, lambda: self._commit(sid, messages, turn, **state), "turn commit")

@@ -15,7 +15,10 @@
 4. **Commit**: only a completed generation (``stop`` / ``length``) is stored, in one
    transaction (messages, statistics, session state; the session row itself for a new session;
    the replaced history for a rewritten one). Failure, early close or a refused commit store
-   nothing. Bookkeeping runs afterwards in the background (``background``), while the next
+   nothing. With ``durability="async"`` (the default) that transaction is the background
+   worker's first job after the call returns (``write_behind``: this process's next read of
+   the session waits for it; a commit refused there fails the session's next call, once).
+   Bookkeeping runs afterwards in the background (``background``), while the next
    turn's engine works: the segment log, fed with the engine's real hits
    (``Result.reused_segments`` and the prefix-cache hit), and the topic detector's update
    with the reply (the session's next verdict runs it first if it has not run yet).

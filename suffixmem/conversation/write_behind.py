@@ -1,0 +1,101 @@
+"""Turns stored just after their caller has the reply (``ManagerConfig.durability="async"``).
+
+A turn's commit is one transaction (about 0.5 ms on SQLite: ``BEGIN IMMEDIATE``, five
+statements, the WAL append and the Python around them, docs/profile.md round 5), and it was
+the largest piece of the time the manager adds to a call after the last token. With
+``durability="async"`` the manager hands the commit to the background worker instead of
+running it before returning (the worker runs it while the next turn's engine works, or within
+``Background.delay_s`` on an idle server), as LangGraph's ``durability="async"`` persists a
+step's checkpoint while the next step runs.
+
+What this process sees never changes: the store settles a session's pending commit at the top
+of every method that reads or writes that session (``settle``: the commit runs inline if the
+worker has not started it, else the caller waits for it), and every pending commit before
+listing sessions or closing. So the session's next turn, its history, a fork or a delete all
+see the turn. What changes: another *process* may read the session up to ``delay_s`` before
+the turn is there, and a process killed in that window loses the turn (its caller already
+had the reply). Hence ``durability="sync"`` (commit before returning), which the manager also
+uses whenever other processes may write the session (``SharedTurnLock.shared``: the turn's
+cross-process lock must cover its commit).
+
+Contract:
+- ``add(session_id, fn, name)`` registers ``fn`` as the session's pending commit and returns it
+  as a ``Job`` for the caller to queue; an earlier commit of the session still pending runs
+  first (order is kept even if a caller settles only the newest).
+- ``settle(session_id)``: when it returns the session's commits have run. A commit that failed
+  raises here, once, as ``StoreError`` naming the session and the cause (the worker has also
+  logged it); later calls proceed.
+- ``settle_all()``: every pending commit has run; failures are kept for their session's next
+  ``settle``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from suffixmem.conversation.background import Job
+from suffixmem.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+
+class PendingCommits:
+    """Per-session commits not yet known to have run (module docstring)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._failed: dict[str, BaseException] = {}
+        self._lock = threading.Lock()  # guards the two dicts only, never held while a job runs
+
+    def add(self, session_id: str, fn: Callable[[], Any], name: str = "turn commit") -> Job:
+        with self._lock:
+            earlier = self._jobs.get(session_id)
+            if earlier is not None and not earlier.done:
+                first, then = earlier, fn
+
+                def fn() -> Any:
+                    try:
+                        first.run()
+                    except Exception as e:  # reported by settle(); this commit goes on
+                        with self._lock:
+                            self._failed.setdefault(session_id, e)
+                    return then()
+
+            job = Job(fn, name)
+            self._jobs[session_id] = job
+            return job
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(not job.done for job in self._jobs.values())
+
+    def _finish(self, session_id: str, job: Job) -> None:
+        """Run ``job`` (or wait for it) and drop it; its failure goes to ``_failed``."""
+        try:
+            job.run()
+        except Exception as e:
+            with self._lock:
+                self._failed[session_id] = e
+        with self._lock:
+            if self._jobs.get(session_id) is job:
+                del self._jobs[session_id]
+
+    def settle(self, session_id: str) -> None:
+        job = self._jobs.get(session_id)
+        if job is not None:
+            self._finish(session_id, job)
+        if self._failed:
+            with self._lock:
+                error = self._failed.pop(session_id, None)
+            if error is not None:
+                raise StoreError(
+                    f"session {session_id!r}: its last turn was not stored ({error})") from error
+
+    def settle_all(self) -> None:
+        with self._lock:
+            pending = list(self._jobs.items())
+        for session_id, job in pending:
+            self._finish(session_id, job)

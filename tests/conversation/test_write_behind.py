@@ -1,0 +1,175 @@
+"""``durability``: a turn stored just after its call returns (``write_behind``), or before.
+
+Unit tests of ``PendingCommits`` (order, failures reported once), the store settling a pending
+commit before every read of its session, and end to end on the real model (embedded vLLM):
+the history a caller reads right after ``chat`` holds the turn, another connection sees it
+after the worker ran (``async``) or at once (``sync``), a commit refused in the background
+fails the session's next call once and no other session's."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from suffixmem.conversation.background import Job
+from suffixmem.conversation.manager import ConversationManager, ManagerConfig
+from suffixmem.conversation.records import NewMessage, TurnEvent
+from suffixmem.conversation.store import Store
+from suffixmem.conversation.write_behind import PendingCommits
+from suffixmem.errors import ConfigError, StoreError
+
+TINY = {"temperature": 0.0, "max_tokens": 3}
+TURN = TurnEvent(prompt_tokens=3, cached_tokens=0, ttft_s=0.01, latency_s=0.02,
+                 temperature=0.0, output_tokens=1)
+
+
+def test_commits_of_a_session_run_in_order_even_if_only_the_newest_is_settled() -> None:
+    pending, ran = PendingCommits(), []
+    pending.add("s", lambda: ran.append(1))
+    pending.add("s", lambda: ran.append(2))
+    assert len(pending) == 1  # the newest, which runs the earlier first
+    pending.settle("s")
+    assert ran == [1, 2] and len(pending) == 0
+    pending.settle("s")  # nothing pending: a no-op
+    assert ran == [1, 2]
+
+
+def test_a_failed_commit_is_reported_once_to_its_own_session() -> None:
+    pending = PendingCommits()
+
+    def refuse() -> None:
+        raise RuntimeError("disk full")
+
+    job = pending.add("bad", refuse)
+    pending.add("good", lambda: None)
+    with pytest.raises(RuntimeError):
+        job.run()  # the worker ran it and saw it fail
+    pending.settle_all()  # listing sessions does not raise for one session's turn
+    pending.settle("good")
+    with pytest.raises(StoreError, match=r"session 'bad': its last turn was not stored "
+                                         r"\(disk full\)"):
+        pending.settle("bad")
+    pending.settle("bad")  # reported once
+
+
+def test_a_caller_waits_for_a_commit_the_worker_is_running() -> None:
+    pending, started, release = PendingCommits(), threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def slow() -> None:
+        started.set()
+        release.wait(5)
+        done.append("commit")
+
+    job = pending.add("s", slow)
+    worker = threading.Thread(target=job.run)
+    worker.start()
+    started.wait(5)
+    threading.Timer(0.05, release.set).start()
+    pending.settle("s")  # returns only once the worker's run finished
+    assert done == ["commit"]
+    worker.join()
+
+
+def test_the_store_settles_a_pending_commit_before_reading_its_session(tmp_path: Path) -> None:
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    st.open_session("s")
+    job = st.commit_later("s", [NewMessage("user", "q"), NewMessage("assistant", "a", (7,))],
+                          TURN, temperature=0.5, window_start=0, create=None,
+                          replace_history=False)
+    assert isinstance(job, Job) and not job.done
+    other = Store(st._raw_url)  # another process's view: nothing yet
+    assert other.messages("s") == []
+    assert [m.content for m in st.messages("s")] == ["q", "a"]  # ran inline by the read
+    assert job.done and [m.content for m in other.messages("s")] == ["q", "a"]
+    assert st.require_session("s").temperature == 0.5
+    other.close()
+    st.close()
+
+
+def test_bad_messages_fail_commit_later_itself(tmp_path: Path) -> None:
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    with pytest.raises(Exception, match="unknown role"):
+        st.commit_later("s", [NewMessage("robot", "x")], TURN, temperature=0.5,
+                        window_start=0, create=None, replace_history=False)
+    assert len(st.pending) == 0
+    st.close()
+
+
+def test_durability_is_checked() -> None:
+    with pytest.raises(ConfigError, match="durability must be one of"):
+        ManagerConfig(durability="eventually")
+
+
+# -- end to end, real model -------------------------------------------------------------------
+@pytest.fixture
+def manager(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    engine = request.getfixturevalue("vllm_engine")
+    durability = getattr(request, "param", "async")
+    mgr = ConversationManager(engine, database_url=f"sqlite:///{tmp_path / 'c.db'}",
+                              config=ManagerConfig(durability=durability, detect_topics=False))
+    yield mgr
+    mgr.close()
+
+
+def _stored(url: str, sid: str) -> list[str]:
+    other = Store(url)
+    try:
+        return [m.content for m in other.messages(sid)]
+    finally:
+        other.close()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_async_turns_are_read_back_at_once_and_stored_behind(manager: Any) -> None:
+    manager._background.delay_s = 60.0  # the worker waits for a kick: the commit stays queued
+    manager.open_session("a")
+    manager.chat("a", "Hello!", **TINY)
+    url = manager.store._raw_url
+    assert len(manager.store.pending) == 1
+    assert _stored(url, "a") == []  # another connection: not yet
+    manager.chat("a", "And again?", **TINY)  # the next turn settles the first
+    history = [m.content for m in manager.history("a")]
+    assert history[0::2] == ["Hello!", "And again?"] and len(history) == 4
+    assert _stored(url, "a") == history
+    manager.chat("a", "Third.", **TINY)
+    manager.flush()  # the worker's own run
+    assert len(manager.store.pending) == 0 and len(_stored(url, "a")) == 6
+    # a session created by its first turn exists for this process when the call returns
+    manager.chat("b", "Hi.", create=True, **TINY)
+    assert manager.get_session("b").message_count == 2
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("manager", ["sync"], indirect=True)
+def test_sync_turns_are_stored_when_the_call_returns(manager: Any) -> None:
+    manager._background.delay_s = 60.0
+    manager.chat("a", "Hello!", create=True, **TINY)
+    assert len(manager.store.pending) == 0
+    assert _stored(manager.store._raw_url, "a")[0] == "Hello!"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_commit_refused_behind_the_caller_fails_that_sessions_next_call_once(
+        manager: Any) -> None:
+    manager._background.delay_s = 60.0  # no other turn runs to kick the worker
+    manager.open_session("gone")
+    manager.open_session("kept")
+    manager.chat("gone", "Hello!", **TINY)
+    # another process deletes the session before the commit ran: the commit is refused
+    other = Store(manager.store._raw_url)
+    other.delete_session("gone")
+    other.close()
+    assert [s.id for s in manager.list_sessions()] == ["kept"]  # settles all; raises for none
+    with pytest.raises(StoreError, match="session 'gone': its last turn was not stored"):
+        manager.history("gone")
+    assert manager.chat("kept", "Hello!", **TINY).text is not None
+    assert manager.chat("gone", "Start over.", create=True, **TINY).text is not None
+    assert manager.history("gone")[0].content == "Start over."
+    assert manager.history("kept")[0].content == "Hello!"
