@@ -158,15 +158,22 @@ def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = Fals
     """The engine's events for ``plan``; an early close or failure closes the engine stream
     (which aborts the request). Raises unless generation completed. ``exact=False`` lets the
     engine reuse the prompt's document segments approximately; ``context_shift`` (with
-    ``exact``) sends an exact turn as ``exact=False`` without segments, so that only the
-    engine's context shift may approximate: kept turns at new positions after the layout, or
+    ``exact``) sends an exact turn as ``exact=False`` without document segments (the shared
+    system head stays, for the isolation scope), so that only the engine's context shift may
+    approximate: kept turns at new positions after the layout, or
     the application's own sliding window (``TurnSpec.trimmed``), dropped old ones. Any other
     rewritten history (an edited conversation, another system prompt with new passages) stays
     exact: reuse there is another workload class, with its own gate."""
     shift = exact and context_shift and (not plan.spec.replace or plan.spec.trimmed)
+    segments = plan.prompt.segments
+    if shift:
+        # no document segments, but the shared head stays: the engine's isolation scope reads
+        # it (``public-prefix`` shares those blocks across sessions), and KV reused at its own
+        # position 0 with nothing before it is what computing it gives
+        segments = tuple(s for s in segments if s.start == 0 and s.shared)
     request = Request(
         session_key=plan.spec.key, token_ids=plan.prompt.token_ids, sampling=plan.sampling,
-        segments=() if shift else plan.prompt.segments, exact=exact and not shift,
+        segments=segments, exact=exact and not shift,
     )
     events = engine.stream(request)
     result: Result | None = None

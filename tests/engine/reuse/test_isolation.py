@@ -110,3 +110,25 @@ def test_public_prefix_shares_the_system_prompt_and_never_the_history(public_eng
     cold = ask("carol")
     assert cold.cached_tokens == 0
     assert other.token_ids == cold.token_ids == first.token_ids == again.token_ids
+
+
+@pytest.mark.slow
+def test_a_managers_sessions_share_the_public_system_prompt(public_engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Through the manager with its defaults (context shift on: turns go to the engine as
+    ``exact=False`` without document segments), another session's first turn still finds the
+    public system prompt's whole blocks, and only those."""
+    from suffixmem.conversation.manager import ConversationManager, ManagerConfig
+
+    eng = public_engine
+    eng.reset_prefix_cache()
+    bs = eng.block_size
+    public = len(eng.render([Message("system", SYSTEM)], False)) // bs * bs
+    assert public >= bs
+    config = ManagerConfig(system_prompt=SYSTEM, detect_topics=False)
+    with ConversationManager(eng, f"sqlite:///{tmp_path / 'c.db'}", config) as mgr:
+        first = mgr.chat("alice", "Do you sell hammers?", create=True, temperature=0.0,
+                         max_tokens=4)
+        other = mgr.chat("bob", "Do you sell nails?", create=True, temperature=0.0,
+                         max_tokens=4)
+    assert first.cached_tokens == 0
+    assert other.cached_tokens == public
