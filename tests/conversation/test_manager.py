@@ -123,8 +123,10 @@ def test_turn_is_committed_with_generated_ids(manager: ConversationManager,
     stats = manager.stats("basic")
     assert stats["turns"] == 2 and stats["prompt_tokens"] == t1.prompt_tokens + t2.prompt_tokens
     # context shift (the default) may approximate, document segments may not: the request
-    # goes with exact=False and none of the layout's segments (test_layout checks those)
-    assert not engine.requests[-1].exact and engine.requests[-1].segments == ()
+    # goes with exact=False and, of the layout's segments (test_layout checks those), only the
+    # shared system head that the isolation scope reads
+    assert not engine.requests[-1].exact
+    assert all(s.start == 0 and s.kind == "system_tail" for s in engine.requests[-1].segments)
 
 
 def test_semantic_temperature_is_used_when_not_given(manager: ConversationManager) -> None:
@@ -316,7 +318,8 @@ def test_context_blocks_are_marked_and_not_stored(manager: ConversationManager,
     # by default (context shift may approximate) no document segment goes with the request
     manager.open_session("ctx")
     assert manager.chat("ctx", "When is the Zorblax festival?", context=[doc], **GREEDY).text
-    assert engine.requests[-1].segments == () and not engine.requests[-1].exact
+    assert not engine.requests[-1].exact
+    assert all(s.kind == "system_tail" for s in engine.requests[-1].segments)
     assert manager.history("ctx")[0].content == "When is the Zorblax festival?"
 
 
