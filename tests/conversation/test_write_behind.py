@@ -173,3 +173,18 @@ def test_a_commit_refused_behind_the_caller_fails_that_sessions_next_call_once(
     assert manager.chat("gone", "Start over.", create=True, **TINY).text is not None
     assert manager.history("gone")[0].content == "Start over."
     assert manager.history("kept")[0].content == "Hello!"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.postgres
+def test_postgres_always_commits_before_returning(vllm_engine: Any, pg_url: str) -> None:
+    # other processes may write the session: its cross-process turn lock must cover the commit
+    mgr = ConversationManager(vllm_engine, pg_url, ManagerConfig(detect_topics=False))
+    try:
+        mgr._background.delay_s = 60.0
+        mgr.chat("a", "Hello!", create=True, **TINY)
+        assert len(mgr.store.pending) == 0
+        assert _stored(pg_url, "a")[0] == "Hello!"
+    finally:
+        mgr.close()
