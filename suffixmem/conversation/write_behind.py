@@ -26,13 +26,16 @@ Contract:
   raises here, once, as ``StoreError`` naming the session and the cause (the worker has also
   logged it); later calls proceed.
 - ``settle_all()``: every pending commit has run; failures are kept for their session's next
-  ``settle``.
+  ``settle``. At interpreter exit every store's pending commits are settled (``atexit``), so a
+  script that never calls ``close()`` loses no turn either.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +52,7 @@ class PendingCommits:
         self._jobs: dict[str, Job] = {}
         self._failed: dict[str, BaseException] = {}
         self._lock = threading.Lock()  # guards the two dicts only, never held while a job runs
+        _LIVE.add(self)
 
     def add(self, session_id: str, fn: Callable[[], Any], name: str = "turn commit") -> Job:
         with self._lock:
@@ -99,3 +103,18 @@ class PendingCommits:
             pending = list(self._jobs.items())
         for session_id, job in pending:
             self._finish(session_id, job)
+
+
+_LIVE: weakref.WeakSet[PendingCommits] = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    """A program that exits without ``close()`` still stores its last turns: the background
+    worker is a daemon thread, which the interpreter would stop with its queue unrun (atexit
+    handlers run before that, while the database is still usable)."""
+    for pending in list(_LIVE):
+        try:
+            pending.settle_all()
+        except Exception:  # never fail an exit; the worker has logged the commit's error
+            log.warning("storing pending turns at exit failed", exc_info=True)

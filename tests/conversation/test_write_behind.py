@@ -8,6 +8,8 @@ fails the session's next call once and no other session's."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,23 @@ def test_the_store_settles_a_pending_commit_before_reading_its_session(tmp_path:
     assert st.require_session("s").temperature == 0.5
     other.close()
     st.close()
+
+
+def test_a_program_that_never_closes_its_store_still_stores_the_turn(tmp_path: Path) -> None:
+    # the commit is registered but no worker ever runs it: only the exit hook can
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    script = f"""
+from suffixmem.conversation.records import NewMessage, TurnEvent
+from suffixmem.conversation.store import Store
+st = Store({url!r})
+st.open_session("s")
+st.commit_later("s", [NewMessage("user", "q"), NewMessage("assistant", "a")],
+                TurnEvent(prompt_tokens=3, cached_tokens=0, ttft_s=0.01, latency_s=0.02,
+                          temperature=0.0, output_tokens=1),
+                temperature=0.5, window_start=0, create=None, replace_history=False)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert _stored(url, "s") == ["q", "a"]
 
 
 def test_bad_messages_fail_commit_later_itself(tmp_path: Path) -> None:
