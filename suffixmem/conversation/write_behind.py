@@ -68,6 +68,15 @@ class PendingCommits:
                             self._failed.setdefault(session_id, e)
                     return then()
 
+            commit = fn
+
+            def fn() -> Any:
+                value = commit()
+                with self._lock:  # nothing left to settle: forget it (a failure is kept)
+                    if self._jobs.get(session_id) is job:
+                        del self._jobs[session_id]
+                return value
+
             job = Job(fn, name)
             self._jobs[session_id] = job
             return job

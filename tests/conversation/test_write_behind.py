@@ -37,6 +37,8 @@ def test_commits_of_a_session_run_in_order_even_if_only_the_newest_is_settled() 
     assert ran == [1, 2] and len(pending) == 0
     pending.settle("s")  # nothing pending: a no-op
     assert ran == [1, 2]
+    pending.add("t", lambda: None).run()  # run by the worker: nothing is kept for it
+    assert pending._jobs == {}
 
 
 def test_a_failed_commit_is_reported_once_to_its_own_session() -> None:
