@@ -40,6 +40,7 @@ from typing import Any, Literal
 from suffixmem.conversation.layout import Layout, Prompt
 from suffixmem.conversation.records import NewMessage, NewSession, TurnEvent
 from suffixmem.conversation.topic import TopicVerdict
+from suffixmem.engine.isolation import public_head
 from suffixmem.engine.protocol import Message, Request, Result, SamplingParams, TokenEvent
 from suffixmem.errors import ContextWindowError, EngineClosedError, InvalidRequestError
 
@@ -170,7 +171,7 @@ def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = Fals
         # no document segments, but the shared head stays: the engine's isolation scope reads
         # it (``public-prefix`` shares those blocks across sessions), and KV reused at its own
         # position 0 with nothing before it is what computing it gives
-        segments = tuple(s for s in segments if s.start == 0 and s.shared)
+        segments = public_head(segments)
     request = Request(
         session_key=plan.spec.key, token_ids=plan.prompt.token_ids, sampling=plan.sampling,
         segments=segments, exact=exact and not shift,

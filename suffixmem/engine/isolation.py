@@ -32,6 +32,13 @@ from typing import Any, Literal
 
 from suffixmem.errors import ConfigError
 
+
+def public_head(segments: Sequence[Any]) -> tuple[Any, ...]:
+    """The segments a public prefix is made of: the ``shared`` ones starting at position 0
+    (``IsolationPolicy.public_tokens``; the manager keeps them in every request for it)."""
+    return tuple(s for s in segments if s.start == 0 and getattr(s, "shared", False))
+
+
 Scope = Literal["session", "public-prefix", "app"]
 SCOPES: tuple[str, ...] = ("session", "public-prefix", "app")
 DEFAULT_SCOPE: Scope = "session"
@@ -77,7 +84,7 @@ class IsolationPolicy:
         starts at position 0 in ``public-prefix`` scope (capped at ``prompt_len``), else 0."""
         if self.scope != "public-prefix":
             return 0
-        ends = [int(s.end) for s in segments if s.start == 0 and getattr(s, "shared", False)]
+        ends = [int(s.end) for s in public_head(segments)]
         return min(max(ends), prompt_len) if ends else 0
 
     def require(self, engine_name: str, supported: Sequence[str]) -> None:
