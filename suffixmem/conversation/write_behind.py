@@ -57,33 +57,32 @@ class PendingCommits:
     def add(self, session_id: str, fn: Callable[[], Any], name: str = "turn commit") -> Job:
         with self._lock:
             earlier = self._jobs.get(session_id)
-            if earlier is not None and not earlier.done:
-                first, then = earlier, fn
+            if earlier is not None and earlier.done:
+                earlier = None
 
-                def fn() -> Any:
+            def commit() -> Any:
+                if earlier is not None:
                     try:
-                        first.run()
+                        earlier.run()
                     except Exception as e:  # reported by settle(); this commit goes on
                         with self._lock:
                             self._failed.setdefault(session_id, e)
-                    return then()
-
-            commit = fn
-
-            def fn() -> Any:
-                value = commit()
-                with self._lock:  # nothing left to settle: forget it (a failure is kept)
-                    if self._jobs.get(session_id) is job:
-                        del self._jobs[session_id]
+                value = fn()
+                self._forget(session_id, job)  # nothing left to settle (a failure is kept)
                 return value
 
-            job = Job(fn, name)
+            job = Job(commit, name)
             self._jobs[session_id] = job
             return job
 
     def __len__(self) -> int:
         with self._lock:
             return sum(not job.done for job in self._jobs.values())
+
+    def _forget(self, session_id: str, job: Job) -> None:
+        with self._lock:
+            if self._jobs.get(session_id) is job:
+                del self._jobs[session_id]
 
     def _finish(self, session_id: str, job: Job) -> None:
         """Run ``job`` (or wait for it) and drop it; its failure goes to ``_failed``."""
@@ -92,9 +91,7 @@ class PendingCommits:
         except Exception as e:
             with self._lock:
                 self._failed[session_id] = e
-        with self._lock:
-            if self._jobs.get(session_id) is job:
-                del self._jobs[session_id]
+        self._forget(session_id, job)
 
     def settle(self, session_id: str) -> None:
         job = self._jobs.get(session_id)
