@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from suffixmem.engine.torch.attention import one_query
 from suffixmem.engine.torch.linear import Linear, PackedLinears
+from suffixmem.engine.torch.prefill_attention import PrefillKernel
 from suffixmem.engine.torch.rope import cos_sin, rope_signed, signed_sin
 from suffixmem.errors import ModelError
 
@@ -44,6 +45,12 @@ __all__ = [
 ]
 
 SMALL_QUERY = 32  # up to this many queries, attention uses explicit batched matmuls
+
+
+def _is_range(pos: torch.Tensor, start: int, n: int) -> bool:
+    """Whether ``pos`` is exactly ``start, start + 1, ..., start + n - 1``."""
+    return (pos.shape[0] == n and int(pos[0]) == start and int(pos[-1]) == start + n - 1
+            and bool((pos[1:] > pos[:-1]).all()))
 
 
 @dataclass(slots=True, frozen=True)
@@ -169,6 +176,10 @@ class Llama:
                                    self.linear.bind(w.w_gate_up), self.linear.bind(w.w_down))
                       for w in self.layers]
         self.lm_head_linear = self.linear.bind(self.lm_head)
+        # vLLM's CPU kernel for prefill attention (bf16; ``None``: SDPA for every prefill)
+        self.prefill_kernel = (PrefillKernel.load(config.num_heads, config.num_kv_heads,
+                                                  config.head_dim)
+                               if self.dtype == torch.bfloat16 else None)
 
     # -- loading --------------------------------------------------------------------------------
     @classmethod
@@ -272,20 +283,27 @@ class Llama:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                q_pos: torch.Tensor, k_pos: torch.Tensor, entropy: bool = False,
-               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+               kernel: bool = True) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of ``q [Nq, H, D]`` over ``k, v [Nk, KV, D]``; query ``j`` sees key ``t``
         iff ``k_pos[t] <= q_pos[j]``. Returns ``out [Nq, H*D]``.
 
         With ``entropy=True`` returns ``(out, ent [Nq])``: per query the attention
         distribution's entropy divided by ``log(number of visible keys)`` (0..1; 0 when one key
         is visible), averaged over heads. That path uses an explicit fp32 softmax (chunked over
-        queries); otherwise SDPA runs, with its causal fast path when the queries are exactly
-        the keys in order (a cold prefill).
+        queries). Otherwise, in bf16, more than ``SMALL_QUERY`` queries that are the last
+        tokens of keys at ``0 .. Nk-1`` (a prefill, a chunk of one, a warm turn's new tokens) go
+        to vLLM's CPU kernel (``prefill_attention``) when it is installed and ``kernel``;
+        everything else runs SDPA, with its causal fast path when the queries are exactly the
+        keys in order (transformers' own call, bit for bit).
         """
         c = self.config
         nq, nk = q.shape[0], k.shape[0]
         if entropy:
             return self._attend_explicit(q, k, v, q_pos, k_pos)
+        if (kernel and self.prefill_kernel is not None and nq > SMALL_QUERY
+                and _is_range(k_pos, 0, nk) and _is_range(q_pos, nk - nq, nq)):
+            # the last nq tokens of a context at 0..nk-1: a prefill or a chunk of one
+            return self.prefill_kernel(q, k, v, self.scale)
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Nq, D]
         kh = k.transpose(0, 1).unsqueeze(0)  # [1, KV, Nk, D]
         vh = v.transpose(0, 1).unsqueeze(0)
@@ -358,14 +376,16 @@ class Llama:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 entropy_layers: Sequence[int] = ()) -> torch.Tensor:
         """Logits ``[N, V]`` of every token of one sequence ``ids [N]`` at ``positions``
-        (default ``0..N-1``), without any cache. Used as a reference and by tests."""
+        (default ``0..N-1``), without any cache. Used as a reference and by tests: its
+        attention is transformers' (SDPA), never the prefill kernel."""
         if positions is None:
             positions = torch.arange(ids.shape[0])
         rope = self.rope(positions)
         h = self.embed(ids)
         for i in range(self.config.num_layers):
             q, k, v = self.qkv(i, h, rope=rope)
-            out = self.attend(q, k, v, positions, positions, entropy=i in entropy_layers)
+            out = self.attend(q, k, v, positions, positions, entropy=i in entropy_layers,
+                              kernel=False)
             if isinstance(out, tuple):
                 out = out[0]
             h = self.finish(i, h, out)
