@@ -21,6 +21,11 @@ Where the context's K/V come from (``KVSource``), cheapest first:
   ones, not consecutive) or a batch copied its whole context once per layer per token.
 - ``Gather``: that per-layer copy, when the mirror would exceed its byte budget.
 
+Where vLLM's CPU attention kernel is installed (bf16, not ``exact``), ``paged_mirror.PagedMirror``
+comes first: the same kind of copy in the kernel's paged layout, attended without padding,
+~4x faster than the padded SDPA call for a ragged batch. It rounds differently from the layer
+primitives, so the bit-for-bit agreement above holds for the other sources.
+
 Shapes: ``B`` sequences, ``L`` layers, ``H`` query heads, ``KV`` key/value heads, ``R = H/KV``,
 ``D`` head dim, ``E`` hidden size, ``T`` context length of the longest sequence.
 """
@@ -48,6 +53,15 @@ class KVSource:
 
     def layer(self, i: int, k: torch.Tensor, v: torch.Tensor) -> KVViews:
         raise NotImplementedError
+
+    def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """Layer ``i``'s attention of ``q [B, H, D]`` over the context (``layer``'s, the new
+        tokens ``k, v`` stored first), query heads grouped by KV head (``one_query``); ``mask``
+        ``[B, 1, 1, T]`` hides each sequence's padding. Returns ``[B, H * D]``."""
+        kc, vc = self.layer(i, k, v)
+        b, kvh, d = k.shape
+        return one_query(q.reshape(b, kvh, -1, d), kc, vc, mask)
 
     def done(self) -> None:
         pass
@@ -199,17 +213,34 @@ class Decoder:
     """Runs decode steps of ``model`` over ``pool`` (owned by the model runner's thread)."""
 
     def __init__(self, model: Llama, pool: KVPool, rope: RopeTable, exact: bool = False,
-                 mirror_bytes: int | None = None, max_positions: int = 0) -> None:
+                 mirror_bytes: int | None = None, max_positions: int = 0,
+                 paged: bool = True) -> None:
         self.model, self.pool, self.rope, self.exact = model, pool, rope, exact
         budget = pool.capacity_bytes if mirror_bytes is None else mirror_bytes
-        self.mirror = DecodeMirror(pool, budget, max_positions or rope.cos.shape[0])
+        positions = max_positions or rope.cos.shape[0]
+        self.mirror = DecodeMirror(pool, budget, positions)
+        self.paged: DecodeMirror | None = None
+        if paged and not exact and model.vllm_attention is not None:
+            # a lazy import: paged_mirror builds on this module's DecodeMirror
+            from suffixmem.engine.torch.paged_mirror import PagedMirror
+
+            self.paged = PagedMirror(pool, model.vllm_attention, model.scale, budget, positions)
         self.last_source = ""  # which KVSource served the last step (tests, profiling)
+
+    def invalidate(self) -> None:
+        """Drop the mirrors' copies (a prefill writes the pool; the memory is better free)."""
+        self.mirror.invalidate()
+        if self.paged is not None:
+            self.paged.invalidate()
 
     def source(self, tables: Sequence[Sequence[int]], lengths: Sequence[int]) -> KVSource:
         """The cheapest ``KVSource`` for this step (module docstring)."""
         bs = self.pool.block_size
         slots = torch.tensor([t[(n - 1) // bs] * bs + (n - 1) % bs
                               for t, n in zip(tables, lengths, strict=True)], dtype=torch.long)
+        if self.paged is not None and self.paged.prepare(tables, lengths, slots):
+            self.last_source = "paged"
+            return self.paged
         if len(tables) == 1:
             t, nb = tables[0], -(-lengths[0] // bs)
             first = t[0]
@@ -247,13 +278,13 @@ class Decoder:
             qk, v = f.qkv(y).view(batch, nh + 2 * kvh, d).split(split_qkv, 1)
             qk = qk * cos + qk.roll(half, -1) * ssin  # rope.rope_signed
             q, k = qk.split(split_qk, 1)
-            kc, vc = kv.layer(i, k, v)  # [B, KV, T, D]
             if self.exact:  # transformers' own call, per sequence
+                kc, vc = kv.layer(i, k, v)  # [B, KV, T, D]
                 out = torch.cat([F.scaled_dot_product_attention(
                     q[b][:, None, :][None], kc[b:b + 1, :, :n], vc[b:b + 1, :, :n],
                     enable_gqa=True).reshape(1, -1) for b, n in enumerate(lengths)])
-            else:  # query heads grouped by KV head (attention.one_query)
-                out = one_query(q.reshape(batch, kvh, c.n_rep, d), kc, vc, mask)
+            else:  # the source's attention (one_query, or vLLM's kernel for a PagedMirror)
+                out = kv.attend(i, q, k, v, mask)
             # Llama.finish: o_proj and residual, RMSNorm, SwiGLU and residual
             x = x + f.o(out)
             gate, up = f.gate_up(rms_norm(x, w.post_norm, eps)).split(c.intermediate_size, -1)

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_PREFILL_CHUNK = 4096
-PREFILL_ATTENTION = ("vllm", "sdpa")  # extra.prefill_attention: vLLM's CPU kernel where found
+ATTENTION = ("vllm", "sdpa")  # extra.attention: vLLM's CPU kernel where it is installed
 
 
 class TorchEngine(TorchExtensionAPI, BaseEngine):
@@ -100,10 +100,10 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                 mirror_gib, int | float) or not mirror_gib >= 0):
             raise ConfigError(f"extra.decode_mirror_gib must be a number >= 0 (GiB), got "
                               f"{mirror_gib!r}")
-        prefill_attention = config.extra.get("prefill_attention", "vllm")
-        if prefill_attention not in PREFILL_ATTENTION:
-            raise ConfigError(f"extra.prefill_attention must be one of {list(PREFILL_ATTENTION)}"
-                              f", got {prefill_attention!r}")
+        attention = config.extra.get("attention", "vllm")
+        if attention not in ATTENTION:
+            raise ConfigError(f"extra.attention must be one of {list(ATTENTION)}, got "
+                              f"{attention!r}")
         self._seqs: dict[str, Sequence] = {}  # driver-thread only
         self._in_step: list[Sequence] = []  # the sequences the current step works on
         self.max_decode_batch = 0  # the largest decode batch so far (continuous batching)
@@ -123,7 +123,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                 self.model, self.kv_pool, config.max_model_len,
                 exact_decode=bool(config.extra.get("exact_decode", False)),
                 mirror_bytes=None if mirror_gib is None else int(mirror_gib * (1 << 30)),
-                prefill_kernel=prefill_attention == "vllm")
+                vllm_attention=attention == "vllm")
             self.prefill_chunk = config.max_num_batched_tokens or DEFAULT_PREFILL_CHUNK
             self.scheduler = Scheduler(self.block_pool, config.max_num_seqs, self.prefill_chunk,
                                        config.enable_prefix_caching)
@@ -198,7 +198,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
             kv_blocks_evicted=self.block_pool.num_evicted,
             preemptions=self.scheduler.num_preemptions,
             max_decode_batch=self.max_decode_batch,
-            prefill_attention="vllm" if self.runner.prefill_kernel else "sdpa",
+            attention="vllm" if self.runner.vllm_attention else "sdpa",
         )
         if self.tier is not None:
             s.extra.update(self.tier.tier.summary(), tier_loaded_tokens=self.tier.loaded_tokens)

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from suffixmem.engine.torch.attention import one_query
 from suffixmem.engine.torch.linear import Linear, PackedLinears
-from suffixmem.engine.torch.prefill_attention import PrefillKernel
 from suffixmem.engine.torch.rope import cos_sin, rope_signed, signed_sin
+from suffixmem.engine.torch.vllm_attention import VllmAttention
 from suffixmem.errors import ModelError
 
 __all__ = [
@@ -176,8 +176,8 @@ class Llama:
                                    self.linear.bind(w.w_gate_up), self.linear.bind(w.w_down))
                       for w in self.layers]
         self.lm_head_linear = self.linear.bind(self.lm_head)
-        # vLLM's CPU kernel for prefill attention (bf16; ``None``: SDPA for every prefill)
-        self.prefill_kernel = (PrefillKernel.load(config.num_heads, config.num_kv_heads,
+        # vLLM's CPU attention kernel (bf16; ``None``: SDPA everywhere)
+        self.vllm_attention = (VllmAttention.load(config.num_heads, config.num_kv_heads,
                                                   config.head_dim)
                                if self.dtype == torch.bfloat16 else None)
 
@@ -292,7 +292,7 @@ class Llama:
         is visible), averaged over heads. That path uses an explicit fp32 softmax (chunked over
         queries). Otherwise, in bf16, more than ``SMALL_QUERY`` queries that are the last
         tokens of keys at ``0 .. Nk-1`` (a prefill, a chunk of one, a warm turn's new tokens) go
-        to vLLM's CPU kernel (``prefill_attention``) when it is installed and ``kernel``;
+        to vLLM's CPU kernel (``vllm_attention``) when it is installed and ``kernel``;
         everything else runs SDPA, with its causal fast path when the queries are exactly the
         keys in order (transformers' own call, bit for bit).
         """
@@ -300,10 +300,10 @@ class Llama:
         nq, nk = q.shape[0], k.shape[0]
         if entropy:
             return self._attend_explicit(q, k, v, q_pos, k_pos)
-        if (kernel and self.prefill_kernel is not None and nq > SMALL_QUERY
+        if (kernel and self.vllm_attention is not None and nq > SMALL_QUERY
                 and _is_range(k_pos, 0, nk) and _is_range(q_pos, nk - nq, nq)):
             # the last nq tokens of a context at 0..nk-1: a prefill or a chunk of one
-            return self.prefill_kernel(q, k, v, self.scale)
+            return self.vllm_attention.prefill(q, k, v, self.scale)
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Nq, D]
         kh = k.transpose(0, 1).unsqueeze(0)  # [1, KV, Nk, D]
         vh = v.transpose(0, 1).unsqueeze(0)

@@ -12,10 +12,11 @@ batched forward whose attention reads each sequence's context from a view of the
 contiguous copy kept across steps, or from per-layer gathers (see ``decode.py``). That call packs
 the query heads that share a KV head as rows (an MQA-shaped call): on CPU it is ~8x faster than
 ``enable_gqa`` with one query row, but its bf16 rounding differs from transformers' decode in
-the last bit. Prefill attention runs vLLM's CPU kernel where it is installed
-(``prefill_attention``; 2.6x SDPA's speed, another summation order) unless ``prefill_kernel``
-is off. ``exact_decode=True`` makes the same per-sequence ``enable_gqa`` call as transformers
-and keeps prefill on SDPA too (bit-identical bf16 greedy decoding, slower attention).
+the last bit. Where vLLM's CPU attention kernel is installed (``vllm_attention``: 2.6x SDPA's
+speed for a prefill, ~4x for a ragged decode batch; another summation order), prefill and decode
+attention run it unless ``vllm_attention=False``. ``exact_decode=True`` makes the same
+per-sequence ``enable_gqa`` call as transformers and keeps SDPA everywhere (bit-identical bf16
+greedy decoding, slower attention).
 
 ``measure_decode`` times decode steps at batch 1 and 4 against the weight-reading limit (the
 figures ``bench engines`` reports).
@@ -67,18 +68,18 @@ class ModelRunner:
 
     def __init__(self, model: Llama, kv_pool: KVPool, max_positions: int,
                  exact_decode: bool = False, mirror_bytes: int | None = None,
-                 prefill_kernel: bool = True) -> None:
+                 vllm_attention: bool = True) -> None:
         self.model = model
         self.exact_decode = exact_decode
-        # whether prefill attention may use vLLM's kernel (never in transformers-exact mode)
-        self.prefill_kernel = (prefill_kernel and not exact_decode
-                               and model.prefill_kernel is not None)
+        # whether attention may use vLLM's kernel (never in transformers-exact mode)
+        self.vllm_attention = (vllm_attention and not exact_decode
+                               and model.vllm_attention is not None)
         self.kv_pool = kv_pool
         self.block_size = kv_pool.block_size
         self.rope = RopeTable(model.config.head_dim, model.config.rope_theta, max_positions,
                               model.dtype)
         self.decoder = Decoder(model, kv_pool, self.rope, exact_decode, mirror_bytes,
-                               max_positions)
+                               max_positions, paged=self.vllm_attention)
 
     def slots(self, block_table: Sequence[int], positions: Sequence[int]) -> list[int]:
         """KV slot of each position of a sequence that owns ``block_table``."""
@@ -105,7 +106,7 @@ class ModelRunner:
                                                [s.context_len for s in inputs]))
         # a prefill writes the pool: the decode mirror would have to re-check it anyway, and
         # its memory is better free while the batch changes
-        self.decoder.mirror.invalidate()
+        self.decoder.invalidate()
         return self._prefill(inputs, entropy_layers)
 
     # -- generic (prefill) path -----------------------------------------------------------------
@@ -141,7 +142,7 @@ class ModelRunner:
                     kc, vc = pool.gather(layer, blocks[j])
                     kc, vc = kc[:s.context_len], vc[:s.context_len]
                 res = m.attend(q[a:b], kc, vc, positions[a:b], k_pos[j],
-                               entropy=layer in entropy, kernel=self.prefill_kernel)
+                               entropy=layer in entropy, kernel=self.vllm_attention)
                 if isinstance(res, tuple):
                     outs.append(res[0])
                     entropy[layer].append(res[1])

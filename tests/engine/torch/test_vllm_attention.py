@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from suffixmem.engine.torch.prefill_attention import PrefillKernel, _reference
+from suffixmem.engine.torch.vllm_attention import VllmAttention, _reference
 
-pytestmark = pytest.mark.skipif(PrefillKernel.load(9, 3, 64) is None,
+pytestmark = pytest.mark.skipif(VllmAttention.load(9, 3, 64) is None,
                                 reason="vLLM's CPU kernels are not installed")
 
 
@@ -21,22 +21,22 @@ pytestmark = pytest.mark.skipif(PrefillKernel.load(9, 3, 64) is None,
     (33, 33),  # one token into a second block
 ])
 def test_matches_fp32_sdpa_on_the_default_models_shape(context: int, queries: int) -> None:
-    kernel = PrefillKernel.load(9, 3, 64)
+    kernel = VllmAttention.load(9, 3, 64)
     assert kernel is not None
     gen = torch.Generator().manual_seed(context)
     q = torch.randn(queries, 9, 64, generator=gen).to(torch.bfloat16)
     k = torch.randn(context, 3, 64, generator=gen).to(torch.bfloat16)
     v = torch.randn(context, 3, 64, generator=gen).to(torch.bfloat16)
-    out = kernel(q, k, v, 0.125)
+    out = kernel.prefill(q, k, v, 0.125)
     assert out.shape == (queries, 9 * 64) and out.dtype == torch.bfloat16
     # bf16 outputs of magnitude <= ~1: one unit in the last place is 2**-7
     assert (out.float() - _reference(q, k, v, 0.125)).abs().max().item() <= 2 ** -6
-    assert torch.equal(kernel(q, k, v, 0.125), out)  # deterministic
+    assert torch.equal(kernel.prefill(q, k, v, 0.125), out)  # deterministic
 
 
 def test_a_head_size_the_kernel_lacks_leaves_sdpa() -> None:
     # head_dim 16 (the tiny test models'): the probe fails, the model keeps SDPA
-    assert PrefillKernel.load(4, 2, 16) is None
+    assert VllmAttention.load(4, 2, 16) is None
 
 
 @pytest.mark.slow
@@ -49,15 +49,15 @@ def test_runner_prefill_with_the_kernel_matches_sdpa_cold_and_warm(model_path: A
     from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
 
     model = Llama.from_pretrained(model_path, torch.bfloat16)
-    assert model.prefill_kernel is not None
+    assert model.vllm_attention is not None
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(100, 40000, (600,), generator=gen).tolist()
     table = list(range(40))
     logits = {}
     for kernel in (True, False):
         pool = KVPool(30, 3, 64, 16, 40, torch.bfloat16)
-        runner = ModelRunner(model, pool, 640, prefill_kernel=kernel)
-        assert runner.prefill_kernel is kernel
+        runner = ModelRunner(model, pool, 640, vllm_attention=kernel)
+        assert runner.vllm_attention is kernel
         cold = runner.forward([SeqInput(ids, range(600), table, 600)]).logits[-1]
         runner.forward([SeqInput(ids[:300], range(300), table, 300, want_logits=False)])
         warm = runner.forward([SeqInput(ids[300:], range(300, 600), table, 600)]).logits[-1]
@@ -74,15 +74,15 @@ def test_engine_option_and_stats() -> None:
     from suffixmem.engine.protocol import Message, Request, SamplingParams
     from suffixmem.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="prefill_attention"):
+    with pytest.raises(ConfigError, match="attention"):
         create_engine("torch", max_model_len=512, kv_cache_gib=0.05,
-                      extra={"prefill_attention": "flash"})
+                      extra={"attention": "flash"})
     answers = {}
     for choice in ("vllm", "sdpa"):
         engine = create_engine("torch", max_model_len=512, kv_cache_gib=0.05,
-                               extra={"prefill_attention": choice})
+                               extra={"attention": choice})
         try:
-            assert engine.stats().extra["prefill_attention"] == choice
+            assert engine.stats().extra["attention"] == choice
             answers[choice] = engine.generate(Request(
                 "s", messages=[Message("user", "What is the capital of France?")],
                 sampling=SamplingParams(max_tokens=8))).text
@@ -92,6 +92,6 @@ def test_engine_option_and_stats() -> None:
     exact = create_engine("torch", max_model_len=512, kv_cache_gib=0.05,
                           extra={"exact_decode": True})
     try:  # transformers-exact mode keeps SDPA
-        assert exact.stats().extra["prefill_attention"] == "sdpa"
+        assert exact.stats().extra["attention"] == "sdpa"
     finally:
         exact.close()

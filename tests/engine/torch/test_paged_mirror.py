@@ -1,0 +1,129 @@
+"""Decode over ``PagedMirror`` (vLLM's CPU attention kernel, bf16) against the SDPA sources on
+the same pool contents: a tiny random Llama with the default model's head size (64), built in
+the test. Prefills stay at <= 32 tokens, where both runners run the same SDPA path, so the two
+pools start equal and only decode attention differs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from suffixmem.engine.torch import paged_mirror
+from suffixmem.engine.torch.kv_pool import KVPool
+from suffixmem.engine.torch.llama import Llama
+from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
+from suffixmem.engine.torch.vllm_attention import VllmAttention
+from tests.engine.torch.conftest import state_of
+
+pytestmark = pytest.mark.skipif(VllmAttention.load(4, 2, 64) is None,
+                                reason="vLLM's CPU kernels are not installed")
+BS = 16
+MAX_DIFF = 0.25  # bf16 logits of magnitude ~3 (one unit in the last place: 0.016), after
+MEAN_DIFF = 0.05  # differences compound over steps; one context token dropped: mean 0.8
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    d = (a - b).abs()
+    return d.max().item() <= MAX_DIFF and d.mean().item() <= MEAN_DIFF
+
+
+@pytest.fixture(scope="module")
+def model(make_tiny: Any) -> Llama:
+    _, ours = make_tiny(seed=3, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=64, num_hidden_layers=3)
+    model = Llama.from_state_dict(ours.config, state_of(ours), torch.bfloat16)
+    assert model.vllm_attention is not None
+    return model
+
+
+def runner(model: Llama, kernel: bool, mirror_bytes: int | None = 1 << 30) -> ModelRunner:
+    c = model.config
+    pool = KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BS, 64, model.dtype)
+    return ModelRunner(model, pool, 1000, mirror_bytes=mirror_bytes, vllm_attention=kernel)
+
+
+def test_ragged_batch_follows_changes_and_matches_sdpa(model: Llama, monkeypatch: Any) -> None:
+    """Three sequences of different lengths on scattered blocks decode as a batch; one leaves,
+    another joins after a prefill, contexts outgrow the copy: every step's logits agree with the
+    padded SDPA mirror's, the new tokens' layer-0 K/V land in the pool exactly, and the copy is
+    rebuilt exactly when it must be."""
+    monkeypatch.setattr(paged_mirror, "HEADROOM", 1)
+    gen = torch.Generator().manual_seed(0)
+    seqs = {x: torch.randint(0, 256, (120,), generator=gen).tolist() for x in "abc"}
+    blocks = torch.randperm(64, generator=gen).tolist()
+    tables = {"a": blocks[:8], "b": blocks[8:16], "c": blocks[16:24]}
+    fast, ref = runner(model, True), runner(model, False)
+    length = {"a": 7, "b": 30, "c": 12}
+    for r in (fast, ref):
+        for x in "ab":
+            n = length[x]
+            r.forward([SeqInput(seqs[x][:n], range(n), tables[x], n)])
+    paged = fast.decoder.paged
+    assert paged is not None
+
+    def step(names: str) -> None:
+        outs = []
+        for r in (fast, ref):
+            outs.append(r.forward([SeqInput([seqs[x][length[x]]], [length[x]], tables[x],
+                                            length[x] + 1) for x in names]).logits)
+        assert fast.decoder.last_source == "paged"
+        assert ref.decoder.last_source in ("mirror", "view")  # padded SDPA, or one sequence
+        assert close(outs[0], outs[1])  # (argmax may differ: a random model has near-ties)
+        slots = torch.tensor([fast.slots(tables[x], [length[x]])[0] for x in names])
+        assert torch.equal(fast.kv_pool.k[0, slots], ref.kv_pool.k[0, slots])
+        assert torch.equal(fast.kv_pool.v[0, slots], ref.kv_pool.v[0, slots])
+        for x in names:
+            length[x] += 1
+
+    step("ab")  # b's context: 31 positions; the copy holds 32
+    assert paged.rebuilds == 1 and paged.cap == 32
+    step("ab")
+    assert paged.rebuilds == 1  # kept: the context grew within the copy
+    step("ab")
+    assert paged.rebuilds == 2 and paged.cap == 64  # outgrown: copied again, larger
+    step("a")  # b left the batch
+    assert paged.rebuilds == 3
+    for r in (fast, ref):  # c joins after a prefill, which drops the copy
+        r.forward([SeqInput(seqs["c"][:12], range(12), tables["c"], 12)])
+    assert paged.nbytes == 0
+    for _ in range(20):
+        step("acb")
+    assert paged.rebuilds == 4
+
+
+def test_pool_writes_between_steps_reach_the_next_step(model: Llama) -> None:
+    """K/V written into a sequence's blocks from outside (segment reuse's ``write_all``) are
+    seen by the next step: the copy is rebuilt from the pool."""
+    c = model.config
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (40,), generator=gen).tolist()
+    table = [5, 9, 2]
+    fast, ref = runner(model, True), runner(model, False)
+    k = torch.randn(c.num_layers, 3, c.num_kv_heads, c.head_dim, generator=gen)
+    v = torch.randn(c.num_layers, 3, c.num_kv_heads, c.head_dim, generator=gen)
+    outs = []
+    for r in (fast, ref):
+        r.forward([SeqInput(ids[:20], range(20), table, 20)])
+        for p in range(20, 24):
+            r.forward([SeqInput([ids[p]], [p], table, p + 1)])
+        r.kv_pool.write_all(torch.tensor(r.slots(table, [2, 3, 4])), k, v)
+        outs.append(torch.cat([r.forward([SeqInput([ids[p]], [p], table, p + 1)]).logits
+                               for p in range(24, 28)]))
+    assert fast.decoder.paged is not None and fast.decoder.paged.rebuilds == 2
+    assert close(outs[0], outs[1])
+
+
+def test_over_its_budget_or_in_exact_mode_the_padded_sources_serve(model: Llama) -> None:
+    c = model.config
+    per_position = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 2
+    small = runner(model, True, mirror_bytes=per_position * 40)  # < one 64-position copy
+    ids = list(range(1, 40))
+    small.forward([SeqInput(ids[:20], range(20), [3, 4], 20)])
+    small.forward([SeqInput([ids[20]], [20], [3, 4], 21)])
+    assert small.decoder.last_source == "view"  # one sequence on consecutive blocks
+    assert small.decoder.paged is not None and small.decoder.paged.nbytes == 0
+    exact = ModelRunner(model, KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BS, 8,
+                                      model.dtype), 100, exact_decode=True)
+    assert exact.decoder.paged is None and not exact.vllm_attention
