@@ -41,14 +41,28 @@ class PagedMirror(DecodeMirror):
         self.table = torch.empty(0, dtype=torch.int32)
         self.new_k = self.new_v = torch.empty(0, dtype=pool.dtype)
         self.query_start = self.seq_lens = self.meta = torch.empty(0, dtype=torch.int32)
+        self._buffer = kernel.new_cache(0, pool.num_layers, pool.dtype)
 
     @property
     def nbytes(self) -> int:
         return 2 * self.key_cache.numel() * self.key_cache.element_size()
 
     def invalidate(self) -> None:
+        # the copy is forgotten, its memory kept for the next one (``_cache``)
         self.key_cache = self.value_cache = torch.empty(0, dtype=self.pool.dtype)
         self.tables, self.held, self.version = [], [], -1
+
+    def _cache(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key and value caches of ``num_blocks`` blocks per layer, views of one buffer kept
+        across rebuilds: allocating (and faulting in) ~100 MB for every rebuild cost more than
+        the copy itself. The buffer starts zeroed and only ever holds K/V after that, so the
+        unused slots the kernel reads (weight 0) are finite."""
+        p = self.pool
+        if self._buffer[0].shape[1] < num_blocks:
+            self._buffer = (torch.empty(0), torch.empty(0))  # free before allocating
+            self._buffer = self.kernel.new_cache(num_blocks, p.num_layers, p.dtype)
+        k, v = self._buffer
+        return k[:, :num_blocks], v[:, :num_blocks]
 
     def prepare(self, tables: Sequence[Sequence[int]], lengths: Sequence[int],
                 slots: torch.Tensor) -> bool:
@@ -85,13 +99,12 @@ class PagedMirror(DecodeMirror):
             src.append(rows)
             dst.append(torch.arange(b * cap, b * cap + h))
         src_slots, dst_slots = torch.cat(src), torch.cat(dst)
-        self.key_cache, self.value_cache = self.kernel.new_cache(batch * nbc, p.num_layers,
-                                                                 p.dtype)
+        self.key_cache, self.value_cache = self._cache(batch * nbc)
         if src_slots.numel():
-            k, v = p.read(src_slots)  # [L, N, KV, D]
-            for i in range(p.num_layers):
-                self.kernel.write(k[i], v[i], self.key_cache[i], self.value_cache[i],
-                                  dst_slots)
+            for i in range(p.num_layers):  # layer by layer: ~1 MB copies, not one ~60 MB one
+                self.kernel.write(p.k_layers[i].index_select(0, src_slots),
+                                  p.v_layers[i].index_select(0, src_slots),
+                                  self.key_cache[i], self.value_cache[i], dst_slots)
         self.table = (torch.arange(batch, dtype=torch.int32)[:, None] * nbc
                       + torch.arange(nbc, dtype=torch.int32))
         self.cap, self.held = cap, held
