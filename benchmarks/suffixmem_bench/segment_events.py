@@ -10,7 +10,9 @@ builds it:
 - ``overflow``: the manager's ``CacheStableLayout`` (evict to half) within
   ``max_model_len - max_tokens`` of the pinned 2,048-token window;
 - ``rag``: ``[system prompt with this turn's passages][history][question]``, the
-  ``CondensePlusContextChatEngine`` layout of ``workloads/rag.py``.
+  ``CondensePlusContextChatEngine`` layout of ``workloads/rag.py``. Its events also place the
+  passages an earlier prompt (of any session) computed, as the shared paragraphs an
+  approximate manager marks (``layout.passage_segments``) are served from the segment cache.
 
 At each turn after the first, the runs that context shift finds (``find_runs`` against the
 previous sequence, prompt plus reply, as far as its whole blocks go, from the prefix cache's
@@ -108,25 +110,82 @@ def overflow_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
     return events
 
 
+def rag_event(previous: Sequence[int] | None, ids: Sequence[int],
+              passages: Sequence[tuple[int, int]],
+              seen: dict[tuple[int, ...], tuple[list[int], int]],
+              min_run: int = 32) -> ScenarioPrompt | None:
+    """The event of ``rag`` prompt ``ids``: its marked ``passages`` (spans) that an earlier
+    prompt computed (``seen``: a passage's ids -> the prompt that stored it in the shared
+    segment cache, and where), placed from that prompt; then context shift's runs against the
+    session's ``previous`` sequence over the rest. ``None`` when neither reuses anything past
+    the prefix-cache hit. ``seen`` learns this prompt's new passages."""
+    from suffixmem.engine.reuse.context_shift import subtract
+
+    start = min(_common(previous, ids), len(ids) - 1) // BLOCK * BLOCK if previous else 0
+    fills: list[tuple[list[int], tuple[tuple[int, int], ...]]] = []
+    spans: list[tuple[int, int]] = []
+    origin: list[tuple[int, int]] = []
+    this = list(ids)
+    index: dict[int, int] = {}  # id(fill prompt) -> its index in ``fills``
+    for a, b in passages:
+        key = tuple(ids[a:b])
+        if key not in seen:  # stored by this prompt (even behind a prefix-cache hit)
+            seen[key] = (this, a)
+            continue
+        if a < start or b >= len(ids):  # the prefix cache serves it; the last token computes
+            continue
+        fill, at = seen[key]
+        i = index.setdefault(id(fill), len(fills))
+        if i == len(fills):
+            fills.append((fill, ()))
+        fills[i] = (fill, (*fills[i][1], (at, at + b - a)))
+        spans.append((a, b))
+        origin.append((i, at))
+    if previous is not None:
+        shift = shift_event(previous, ids, min_run)
+        if shift is not None:
+            from suffixmem.engine.reuse.context_shift import ShiftRun
+
+            runs = [ShiftRun(a, o, b - a) for (a, b), (_, o) in zip(shift.spans, shift.origin,
+                                                                   strict=True)]
+            runs = subtract(runs, spans, min_run)
+            if runs:
+                spans += [(r.new_start, r.new_end) for r in runs]
+                origin += [(len(fills), r.old_start) for r in runs]
+                fills.append((list(previous),
+                              tuple((r.old_start, r.old_start + r.length) for r in runs)))
+    if not spans:
+        return None
+    order = sorted(range(len(spans)), key=lambda i: spans[i][0])
+    return ScenarioPrompt(list(ids), tuple(spans[i] for i in order), tuple(fills),
+                          tuple(origin[i] for i in order))
+
+
 def rag_events(engine: Any, count: Callable[[str], int], sessions: int = 2,
                turns: int | None = None, tag: str = "ev") -> list[ScenarioPrompt]:
-    """Every turn after the first of the first ``sessions`` sessions of ``rag`` (module docs)."""
+    """Every turn of the first ``sessions`` sessions of ``rag`` that reuses something: passages
+    of its system prompt an earlier prompt (of any session) computed, the shared paragraphs an
+    approximate manager marks (``layout.passage_segments``), and context shift's runs against
+    the session's previous sequence (module docs)."""
+    from suffixmem.conversation.layout import passage_segments
     from suffixmem.engine.protocol import Message
     from suffixmem_bench.workloads import rag
 
     sizes = {"sessions": sessions, **({"turns": turns} if turns else {})}
     w = rag.build(count, **sizes)
     events: list[ScenarioPrompt] = []
+    seen: dict[tuple[int, ...], tuple[list[int], int]] = {}
     for s, users in enumerate(w.sessions):
         history: list[Message] = []
         previous: list[int] | None = None
         for t, user in enumerate(users):
-            msgs = [Message("system", w.turn_systems[s][t]), *history, Message("user", user)]
+            system = w.turn_systems[s][t]
+            msgs = [Message("system", system), *history, Message("user", user)]
             ids = engine.render(msgs)
-            if previous is not None:
-                event = shift_event(previous, ids)
-                if event is not None:
-                    events.append(event)
+            marked = [(p.start, p.end) for p in passage_segments(engine, system, ids)]
+            event = rag_event(previous, ids, marked, seen)
+            if event is not None:
+                events.append(event)
             reply, text = _reply(engine, f"{tag}-rag-{s}", ids, w.max_tokens)
             previous = ids + reply
             # the framework resends the history as text, re-tokenized every turn

@@ -17,6 +17,13 @@ extension of the previous one for as long as it can:
    message (before the question), never into the system prompt, so they do not disturb the
    cached prefix; each block is marked as a ``Segment`` of kind ``"document"`` for engines that
    reuse segments at new positions. The stored history keeps the plain question.
+6. **Passages in the system prompt.** Frameworks that write this turn's retrieved passages into
+   the system prompt (LlamaIndex's ``CondensePlusContextChatEngine``) break the prefix near the
+   top every turn. For approximate turns (``exact=False``) ``passage_segments`` marks each
+   paragraph of the system prompt (blank-line separated, at least ``MIN_PASSAGE_TOKENS``) as a
+   shared ``"document"`` segment, so an engine with segment reuse serves a passage it has seen
+   in any earlier prompt, at its new position. Shared like the system prompt itself (the global
+   namespace): the system prompt is the application's, not a session's.
 
 ``SlidingWindowLayout`` is the baseline: LlamaIndex ``ChatMemoryBuffer``'s policy (drop the
 oldest messages, never leaving an assistant message first, until the rest fits), recomputed
@@ -28,12 +35,18 @@ ids out) and never touch the database.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from suffixmem.engine.protocol import Message, Segment
 from suffixmem.errors import ConfigError, ContextWindowError, InvalidRequestError
+
+MIN_PASSAGE_TOKENS = 32
+"""Shorter paragraphs are not marked: cheaper to recompute than to place (context shift's
+``min_run``)."""
+PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 
 
 class Renderer(Protocol):
@@ -95,6 +108,30 @@ def _find(haystack: Sequence[int], needle: Sequence[int], start: int) -> int:
         if haystack[i] == first and tuple(haystack[i:i + n]) == tuple(needle):
             return i
     return -1
+
+
+def passage_segments(engine: Renderer, system_prompt: str | None,
+                     prompt_ids: Sequence[int]) -> tuple[Segment, ...]:
+    """Shared ``"document"`` segments over the paragraphs of ``system_prompt`` found in
+    ``prompt_ids`` (point 6 of the module docstring), in order. A paragraph is tokenized on its
+    own and marked without its first token: that one may merge with the whitespace before it
+    (indentation, a line break), which differs from prompt to prompt, and a passage's segment
+    must have the same ids wherever it sits to be found again. A paragraph not found token for
+    token is left unmarked."""
+    if not system_prompt or not PARAGRAPH_BREAK.search(system_prompt):
+        return ()
+    out: list[Segment] = []
+    at = 0
+    for para in PARAGRAPH_BREAK.split(system_prompt):
+        ids = engine.tokenize(para.strip())[1:]
+        if len(ids) < MIN_PASSAGE_TOKENS:
+            continue
+        pos = _find(prompt_ids, ids, at)
+        if pos < 0:
+            continue
+        out.append(Segment(pos, pos + len(ids), "document", shared=True))
+        at = pos + len(ids)
+    return tuple(out)
 
 
 class Layout(Protocol):

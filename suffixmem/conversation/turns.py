@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from suffixmem.conversation.layout import Layout, Prompt
+from suffixmem.conversation.layout import Layout, Prompt, passage_segments
 from suffixmem.conversation.records import NewMessage, NewSession, TurnEvent
 from suffixmem.conversation.topic import TopicVerdict
 from suffixmem.engine.isolation import public_head
@@ -167,6 +167,9 @@ def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = Fals
     exact: reuse there is another workload class, with its own gate."""
     shift = exact and context_shift and (not plan.spec.replace or plan.spec.trimmed)
     segments = plan.prompt.segments
+    if not exact:  # passages the application wrote into the system prompt (layout, point 6)
+        segments = (*segments, *passage_segments(engine, plan.spec.system_prompt,
+                                                  plan.prompt.token_ids))
     if shift:
         # no document segments, but the shared head stays: the engine's isolation scope reads
         # it (``public-prefix`` shares those blocks across sessions), and KV reused at its own

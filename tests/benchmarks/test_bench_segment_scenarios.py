@@ -186,3 +186,28 @@ def test_rag_workload_travels_to_a_worker_with_its_turn_prompts(encode) -> None:
     assert hist.history[0] == [{"role": "system", "content": "new"},
                                {"role": "user", "content": "q"},
                                {"role": "assistant", "content": "a"}]
+
+
+def test_rag_event_places_seen_passages_and_the_shifted_history() -> None:
+    """A passage an earlier prompt computed comes from that prompt; context shift's runs against
+    the session's previous sequence cover the rest, never a passage's span twice."""
+    from suffixmem_bench.segment_events import rag_event
+
+    p1, p2, p3 = (list(range(b, b + 40)) for b in (1000, 2000, 4000))
+    history = list(range(3000, 3064))
+    first = [1] * 16 + p1 + p2 + [5] * 8
+    seen: dict = {}
+    assert rag_event(None, first, [(16, 56), (56, 96)], seen) is None  # nothing seen yet
+    assert set(seen) == {tuple(p1), tuple(p2)}
+    previous = first + history  # the previous sequence: its prompt (history at 104..167)
+    new = [1] * 16 + p2 + p3 + [5] * 8 + history + [7] * 5
+    event = rag_event(previous, new, [(16, 56), (56, 96)], seen)
+    assert event is not None
+    # p2 from the first prompt (where it sat at 56); p3 is new (stored, not placed); the
+    # template's tail and the history from the previous sequence's whole cached blocks (96 up
+    # to 160; p2 there is not placed twice)
+    assert event.spans == ((16, 56), (96, 160))
+    assert event.origin == ((0, 56), (1, 96))
+    assert event.fills[0] == (first, ((56, 96),))
+    assert event.fills[1] == (previous, ((96, 160),))
+    assert tuple(p3) in seen
