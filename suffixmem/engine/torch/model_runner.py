@@ -105,7 +105,7 @@ class ModelRunner:
                                                [s.block_table for s in inputs],
                                                [s.context_len for s in inputs]))
         # a prefill writes the pool: the decode mirror would have to re-check it anyway, and
-        # its memory is better free while the batch changes
+        # the batch is about to change
         self.decoder.invalidate()
         return self._prefill(inputs, entropy_layers)
 

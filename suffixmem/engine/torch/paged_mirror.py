@@ -101,10 +101,13 @@ class PagedMirror(DecodeMirror):
         src_slots, dst_slots = torch.cat(src), torch.cat(dst)
         self.key_cache, self.value_cache = self._cache(batch * nbc)
         if src_slots.numel():
-            for i in range(p.num_layers):  # layer by layer: ~1 MB copies, not one ~60 MB one
-                self.kernel.write(p.k_layers[i].index_select(0, src_slots),
-                                  p.v_layers[i].index_select(0, src_slots),
-                                  self.key_cache[i], self.value_cache[i], dst_slots)
+            # layer by layer through two scratch rows, allocated once per rebuild
+            k = torch.empty(len(src_slots), kvh, d, dtype=p.dtype)
+            v = torch.empty_like(k)
+            for i in range(p.num_layers):
+                torch.index_select(p.k_layers[i], 0, src_slots, out=k)
+                torch.index_select(p.v_layers[i], 0, src_slots, out=v)
+                self.kernel.write(k, v, self.key_cache[i], self.value_cache[i], dst_slots)
         self.table = (torch.arange(batch, dtype=torch.int32)[:, None] * nbc
                       + torch.arange(nbc, dtype=torch.int32))
         self.cap, self.held = cap, held
