@@ -169,14 +169,22 @@ class DecodeMirror(KVSource):
         self.size = (len(lengths), self.pool.num_kv_heads, max(lengths), self.pool.head_dim)
         return True
 
+    def _fit(self, lengths: Sequence[int], granule: int, headroom: int) -> int:
+        """Forget the copy; the capacity (positions per row, a multiple of ``granule``,
+        ``headroom`` beyond the longest context) of a new one for ``lengths``, or 0 when it
+        would exceed ``max_bytes``."""
+        p = self.pool
+        self.invalidate()
+        cap = min(-(-(max(lengths) + headroom) // granule) * granule, self.max_cap)
+        per_position = 2 * p.num_layers * p.num_kv_heads * p.head_dim * p.k.element_size()
+        return 0 if len(lengths) * cap * per_position > self.max_bytes else cap
+
     def _rebuild(self, tables: Sequence[Sequence[int]], lengths: Sequence[int]) -> bool:
         p, bs = self.pool, self.pool.block_size
-        cap = min(-(-(max(lengths) + HEADROOM) // bs) * bs, self.max_cap)
-        batch, kvh, d = len(lengths), p.num_kv_heads, p.head_dim
-        if 2 * p.num_layers * batch * cap * kvh * d * p.k.element_size() > self.max_bytes:
-            self.invalidate()
+        cap = self._fit(lengths, bs, HEADROOM)
+        if not cap:
             return False
-        self.invalidate()
+        batch, kvh, d = len(lengths), p.num_kv_heads, p.head_dim
         nbc = cap // bs
         snaps = [list(t[:-(-(n - 1) // bs)]) for t, n in zip(tables, lengths, strict=True)]
         blocks = torch.tensor([b for s in snaps for b in s + [0] * (nbc - len(s))],

@@ -83,12 +83,10 @@ class PagedMirror(DecodeMirror):
 
     def _rebuild(self, tables: Sequence[Sequence[int]], lengths: Sequence[int]) -> bool:
         p, pbs = self.pool, self.pool.block_size
-        cap = min(-(-(max(lengths) + HEADROOM) // BLOCK) * BLOCK, self.max_cap)
-        batch, kvh, d = len(lengths), p.num_kv_heads, p.head_dim
-        if 2 * p.num_layers * batch * cap * kvh * d * p.k.element_size() > self.max_bytes:
-            self.invalidate()
+        cap = self._fit(lengths, BLOCK, HEADROOM)
+        if not cap:
             return False
-        self.invalidate()  # free the old copy before taking the new one
+        batch, kvh, d = len(lengths), p.num_kv_heads, p.head_dim
         nbc = cap // BLOCK
         held = [n - 1 for n in lengths]
         src, dst = [], []
