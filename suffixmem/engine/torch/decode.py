@@ -186,7 +186,8 @@ class DecodeMirror(KVSource):
             return False
         batch, kvh, d = len(lengths), p.num_kv_heads, p.head_dim
         nbc = cap // bs
-        snaps = [list(t[:-(-(n - 1) // bs)]) for t, n in zip(tables, lengths, strict=True)]
+        held = [n - 1 for n in lengths]
+        snaps = self._snapshot(tables, held)
         blocks = torch.tensor([b for s in snaps for b in s + [0] * (nbc - len(s))],
                               dtype=torch.long)  # padding rows (block 0) stay masked out
         shape = (p.num_layers, batch * cap, kvh, d)
@@ -202,7 +203,7 @@ class DecodeMirror(KVSource):
                 torch.index_select(src.view(p.num_blocks, bs * kvh * d), 0, blocks,
                                    out=dst.view(batch * nbc, bs * kvh * d))
         self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))
-        self.cap, self.tables, self.held = cap, snaps, [n - 1 for n in lengths]
+        self.cap, self.tables, self.held = cap, snaps, held
         self.rebuilds += 1
         self.stride = (cap * kvh * d, d, kvh * d, 1)
         self.per_layer = batch * cap * kvh * d
@@ -219,9 +220,16 @@ class DecodeMirror(KVSource):
         # the new tokens of every layer into the pool at once: [L, B, KV, D] each
         self.pool.write_all(self.slots, self.k.index_select(1, self.rows),
                             self.v.index_select(1, self.rows))
+        self._advance()
+
+    def _snapshot(self, tables: Sequence[Sequence[int]], held: Sequence[int]) -> list[list[int]]:
+        """Per row, the pool blocks its ``held`` positions lie in (``_valid_for`` compares)."""
         bs = self.pool.block_size
-        self.tables = [list(t[:-(-n // bs)])
-                       for t, n in zip(self.step_tables, self.lengths, strict=True)]
+        return [list(t[:-(-h // bs)]) for t, h in zip(tables, held, strict=True)]
+
+    def _advance(self) -> None:
+        """After a step's writes: every row holds its positions up to the new token."""
+        self.tables = self._snapshot(self.step_tables, self.lengths)
         self.held = list(self.lengths)
         self.version = self.pool.version
 

@@ -66,13 +66,9 @@ class PagedMirror(DecodeMirror):
 
     def prepare(self, tables: Sequence[Sequence[int]], lengths: Sequence[int],
                 slots: torch.Tensor) -> bool:
-        if not self._valid_for(tables, lengths) and not self._rebuild(tables, lengths):
+        if not super().prepare(tables, lengths, slots):
             return False
-        self.version = -1  # until ``done``: a step that fails halfway leaves no valid copy
-        self.slots, self.lengths, self.step_tables = slots, lengths, tables
         batch, p = len(lengths), self.pool
-        self.rows = torch.tensor([b * self.cap + n - 1 for b, n in enumerate(lengths)],
-                                 dtype=torch.long)
         self.query_start = torch.arange(batch + 1, dtype=torch.int32)
         self.seq_lens = torch.tensor(lengths, dtype=torch.int32)
         self.meta = self.kernel.metadata(self.query_start, self.seq_lens, p.dtype)
@@ -108,8 +104,7 @@ class PagedMirror(DecodeMirror):
                 self.kernel.write(k, v, self.key_cache[i], self.value_cache[i], dst_slots)
         self.table = (torch.arange(batch, dtype=torch.int32)[:, None] * nbc
                       + torch.arange(nbc, dtype=torch.int32))
-        self.cap, self.held = cap, held
-        self.tables = [list(t[:-(-h // pbs)]) for t, h in zip(tables, held, strict=True)]
+        self.cap, self.held, self.tables = cap, held, self._snapshot(tables, held)
         self.rebuilds += 1
         return True
 
@@ -131,8 +126,4 @@ class PagedMirror(DecodeMirror):
 
     def done(self) -> None:
         self.pool.write_all(self.slots, self.new_k, self.new_v)
-        bs = self.pool.block_size
-        self.tables = [list(t[:-(-n // bs)])
-                       for t, n in zip(self.step_tables, self.lengths, strict=True)]
-        self.held = list(self.lengths)
-        self.version = self.pool.version
+        self._advance()
