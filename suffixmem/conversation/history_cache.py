@@ -12,6 +12,11 @@ within its one read transaction, reads the session row and then:
   the whole history again.
 
 So the cache is never trusted over the database, only used to skip rows the database confirms.
+One exception, by design: while a turn's commit is still queued behind its caller
+(``write_behind``), the entry is that commit's *projection* (the session's record and history
+as the commit will leave them, built by ``Store.commit_later``), and the session's next turn
+plans from it instead of waiting for the commit; the commit stores exactly the projected rows
+(same positions and timestamps), so once it lands the entry is confirmed as before.
 Entries are immutable tuples of frozen ``StoredMessage``s; the table holds at most
 ``max_sessions`` sessions (oldest written first out). Plain dict operations only: no lock,
 so sessions never wait for each other here.
@@ -22,16 +27,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from suffixmem.conversation.records import StoredMessage
+from suffixmem.conversation.records import SessionRecord, StoredMessage
 
 
 @dataclass(slots=True, frozen=True)
 class CachedHistory:
     """A session's history as read or committed (``stamp``: the row's ``updated_at`` then;
-    None when unknown: the next read confirms the entry row by row)."""
+    None when unknown: the next read confirms the entry row by row). ``record``: the session
+    row as of ``stamp`` when known (a pending commit's projection needs it)."""
 
     stamp: datetime | None
     messages: tuple[StoredMessage, ...]
+    record: SessionRecord | None = None
 
 
 class HistoryCache:
@@ -60,11 +67,18 @@ class HistoryCache:
     def extend(self, session_id: str, first_position: int,
                messages: tuple[StoredMessage, ...], stamp: datetime | None = None) -> None:
         """A commit appended ``messages`` at ``first_position`` and set the row's ``updated_at``
-        to ``stamp``: extend the entry when it ends right before them, else drop it. The next
-        read trusts the entry only while the row still carries ``stamp`` (no write since)."""
+        to ``stamp``: extend the entry when it ends right before them (or already ends with
+        them: the commit's projection), else drop it. The next read trusts the entry only
+        while the row still carries ``stamp`` (no write since)."""
         entry = self._entries.get(session_id)
-        end = entry.messages[-1].position + 1 if entry is not None and entry.messages else 0
-        if entry is None or end != first_position:
+        if entry is None:
+            return
+        if messages and entry.messages[-len(messages):] == messages:
+            if entry.stamp != stamp:  # a projection built with another stamp: not this commit's
+                self.drop(session_id)
+            return
+        end = entry.messages[-1].position + 1 if entry.messages else 0
+        if end != first_position:
             self.drop(session_id)
             return
         self.put(session_id, CachedHistory(stamp, entry.messages + messages))

@@ -31,6 +31,7 @@ The manager never imports torch or vLLM: it speaks the ``Engine`` protocol only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -129,6 +130,11 @@ class ConversationManager(TurnPath):
             session_id, title=title, model=self.engine.model_name, system_prompt=sp,
             temperature=self.temperature.initial(),
         )
+        if rec.system_prompt:
+            # tokenized now rather than inside the session's first turn (the template keeps
+            # the ids); a template that refuses it fails that turn with its own message
+            with contextlib.suppress(Exception):
+                self.engine.render([Message("system", rec.system_prompt)], False)
         return SessionInfo.from_record(rec)
 
     def get_session(self, session_id: str) -> SessionInfo:

@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import QueuePool
 
 from suffixmem.config import mask_url
 from suffixmem.conversation.database import (
@@ -41,7 +42,7 @@ from suffixmem.conversation.database import (
     upgrade,
     writer_lock,
 )
-from suffixmem.conversation.history_cache import HistoryCache
+from suffixmem.conversation.history_cache import CachedHistory, HistoryCache
 from suffixmem.conversation.records import (
     NewMessage,
     NewSession,
@@ -74,6 +75,7 @@ __all__ = [
 ]
 
 START_TEMPERATURE = 0.8
+WARM_CONNECTIONS = 4  # opened at start-up (``Store._warm_pool``)
 _NO_WRITER = contextlib.nullcontext()  # read transactions take no writer lock
 _RETRIES = 5
 
@@ -107,6 +109,17 @@ class Store(TurnQueries, SegmentQueries):
             except StoreError:
                 self.engine.dispose()
                 raise
+        self._warm_pool()
+
+    def _warm_pool(self) -> None:
+        """Open ``WARM_CONNECTIONS`` pooled connections now. The pool opens them on demand, so
+        sessions turning at once would each open one inside their first turn, where it cost
+        1-6 ms with four sessions on two busy cores (docs/profile.md, round 7)."""
+        pool = self.engine.pool
+        size = pool.size() if isinstance(pool, QueuePool) else 0
+        conns = [self.engine.raw_connection() for _ in range(min(WARM_CONNECTIONS, size))]
+        for c in conns:
+            c.close()
 
     # -- plumbing -------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -194,7 +207,10 @@ class Store(TurnQueries, SegmentQueries):
             s.flush()
             return self._record(s, row), True
 
-        return self._retrying(run)  # type: ignore[no-any-return]
+        record, created = self._retrying(run)
+        if created:  # its first turn then reads the session row alone (history_cache)
+            self.history_cache.put(sid, CachedHistory(record.updated_at, (), record))
+        return record, created
 
     def get_session(self, session_id: str) -> SessionRecord | None:
         self.pending.settle(session_id)
@@ -349,6 +365,8 @@ class Store(TurnQueries, SegmentQueries):
             s.flush()
             return self._record(s, row)
 
+        # the cached record (a pending commit's projection starts from it) is stale now
+        self.history_cache.drop(sid)
         return self._retrying(run)  # type: ignore[no-any-return]
 
     # -- turn events ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ next turn's read confirms it with the session row alone).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -120,8 +121,14 @@ class TurnQueries:
         """The session and its history read in one read-only transaction (None: no such
         session). Only messages not seen by an earlier call are read (``history_cache``)."""
         sid = check_session_id(session_id)
-        self.pending.settle(sid)
         cache = self.history_cache
+        if self.pending.waiting(sid):
+            # the session's last turn is still queued behind its caller: plan from what that
+            # commit will store (``commit_later``'s projection) rather than wait for it
+            entry = cache.get(sid)
+            if entry is not None and entry.record is not None:
+                return entry.record, list(entry.messages)
+        self.pending.settle(sid)
         with self._conn(read=True) as s:
             # a plain row with every column: ``_record`` reads it like an ORM row
             found = self.turn_sql.session.rows(s, {"sid": sid})
@@ -144,8 +151,9 @@ class TurnQueries:
             if msgs is None:
                 msgs = tuple(self._messages(s, sid))
                 cache.full += 1
-            cache.put(sid, CachedHistory(stamp, msgs))
-            return self._record(s, row, len(msgs)), list(msgs)  # type: ignore[arg-type]
+            record = self._record(s, row, len(msgs))
+            cache.put(sid, CachedHistory(stamp, msgs, record))
+            return record, list(msgs)
 
     def _lock_session(self, s: Session, sid: str) -> SessionRow:
         row = s.execute(
@@ -197,11 +205,11 @@ class TurnQueries:
     def _commit(
         self, sid: str, messages: Sequence[NewMessage], turn: TurnEvent, *,
         temperature: float, window_start: int, create: NewSession | None,
-        replace_history: bool,
+        replace_history: bool, at: datetime | None = None,
     ) -> list[int]:
 
         def run(conn: Any) -> tuple[tuple[StoredMessage, ...], datetime]:
-            now = utcnow()
+            now = at or utcnow()
             sql = self.turn_sql
             if create is not None and not sql.session_exists.rows(conn, {"sid": sid}):
                 sql.insert_session.run(conn, {
@@ -245,6 +253,31 @@ class TurnQueries:
         bad input still fails the call itself."""
         self._check(messages)
         sid = check_session_id(session_id)
+        at = utcnow()
+        self._project(sid, messages, at, state)
         # _commit, not commit_turn: settling from inside the pending job would wait for itself
         return self.pending.add(
-            sid, lambda: self._commit(sid, messages, turn, **state), "turn commit")
+            sid, lambda: self._commit(sid, messages, turn, at=at, **state), "turn commit")
+
+    def _project(self, sid: str, messages: Sequence[NewMessage], at: datetime,
+                 state: dict[str, Any]) -> None:
+        """Leave in the history cache what the queued commit will store, so the session's next
+        turn plans from it (``turn_state``). Only a plain append of a session this process
+        read is projected; anything else drops the entry (the next read waits instead)."""
+        cache = self.history_cache
+        entry = cache.get(sid)
+        if (entry is None or entry.record is None or state.get("create") is not None
+                or state.get("replace_history")):
+            cache.drop(sid)
+            return
+        first = entry.messages[-1].position + 1 if entry.messages else 0
+        stored = tuple(
+            StoredMessage(first + i, m.role, m.content,
+                          tuple(m.token_ids) if m.token_ids is not None else None,
+                          m.token_count, at)
+            for i, m in enumerate(messages))
+        history = entry.messages + stored
+        record = dataclasses.replace(
+            entry.record, temperature=state["temperature"], window_start=state["window_start"],
+            updated_at=at, message_count=len(history))
+        cache.put(sid, CachedHistory(at, history, record))

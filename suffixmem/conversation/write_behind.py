@@ -11,12 +11,17 @@ step's checkpoint while the next step runs.
 What this process sees never changes: the store settles a session's pending commit at the top
 of every method that reads or writes that session (``settle``: the commit runs inline if the
 worker has not started it, else the caller waits for it), and every pending commit before
-listing sessions or closing. So the session's next turn, its history, a fork or a delete all
-see the turn. What changes: another *process* may read the session up to ``delay_s`` before
-the turn is there, and a process killed in that window loses the turn (its caller already
-had the reply). Hence ``durability="sync"`` (commit before returning), which the manager also
-uses whenever other processes may write the session (``SharedTurnLock.shared``: the turn's
-cross-process lock must cover its commit).
+listing sessions or closing. So its history, a fork or a delete all see the turn. The
+session's next turn does not wait: it plans from the commit's projection (the rows the commit
+will write, kept in ``history_cache``) and its own commit queues behind the pending one; with
+four sessions turning at once, settling inline was most of the time before the engine
+(docs/profile.md, round 7). What changes: another *process* may read the session up to
+``delay_s`` before the turn is there, and a process killed in that window loses the turn (its
+caller already had the reply); a commit refused in the background is reported by the
+session's next read that settles (its history, or the turn after a turn that had to wait).
+Hence ``durability="sync"`` (commit before returning), which the manager also uses whenever
+other processes may write the session (``SharedTurnLock.shared``: the turn's cross-process
+lock must cover its commit).
 
 Contract:
 - ``add(session_id, fn, name)`` registers ``fn`` as the session's pending commit and returns it
@@ -25,6 +30,8 @@ Contract:
 - ``settle(session_id)``: when it returns the session's commits have run. A commit that failed
   raises here, once, as ``StoreError`` naming the session and the cause (the worker has also
   logged it); later calls proceed.
+- ``waiting(session_id)``: the session has a commit queued that has not finished; the store
+  then serves the session's next turn from the commit's projection (``history_cache``).
 - ``settle_all()``: every pending commit has run; failures are kept for their session's next
   ``settle``. At interpreter exit every store's pending commits are settled (``atexit``), so a
   script that never calls ``close()`` loses no turn either.
@@ -92,6 +99,11 @@ class PendingCommits:
             with self._lock:
                 self._failed[session_id] = e
         self._forget(session_id, job)
+
+    def waiting(self, session_id: str) -> bool:
+        """A commit of the session is queued and has not finished (nor failed unreported)."""
+        job = self._jobs.get(session_id)
+        return job is not None and not job.done and session_id not in self._failed
 
     def settle(self, session_id: str) -> None:
         job = self._jobs.get(session_id)

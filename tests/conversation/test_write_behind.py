@@ -19,7 +19,7 @@ import pytest
 from suffixmem.conversation.background import Job
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig
 from suffixmem.conversation.records import NewMessage, TurnEvent
-from suffixmem.conversation.store import Store
+from suffixmem.conversation.store import WARM_CONNECTIONS, Store
 from suffixmem.conversation.write_behind import PendingCommits
 from suffixmem.errors import ConfigError, StoreError
 
@@ -94,12 +94,54 @@ def test_the_store_settles_a_pending_commit_before_reading_its_session(tmp_path:
     st.close()
 
 
+def test_the_next_turn_plans_from_a_pending_commits_projection(tmp_path: Path) -> None:
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    st.open_session("s")
+    cache = st.history_cache
+    assert st.turn_state("s")[1] == []  # opened by this store: the session row alone is read
+    job = st.commit_later("s", [NewMessage("user", "q"), NewMessage("assistant", "a", (7,))],
+                          TURN, temperature=0.5, window_start=0, create=None,
+                          replace_history=False)
+    rec, msgs = st.turn_state("s")  # served from the projection: the commit still waits
+    assert not job.done and st.pending.waiting("s")
+    assert (rec.temperature, rec.message_count) == (0.5, 2)
+    assert [(m.position, m.content, m.token_ids) for m in msgs] == [(0, "q", None), (1, "a", (7,))]
+    other = Store(st._raw_url)
+    assert other.messages("s") == []  # nothing stored yet
+    job.run()
+    # the commit stored exactly the projected rows: same stamp, so no message row is re-read
+    assert st.turn_state("s") == (rec, msgs) and (cache.full, cache.partial) == (0, 0)
+    fresh = other.turn_state("s")  # read from the database alone
+    assert fresh is not None and fresh[1] == msgs
+    assert (fresh[0].temperature, fresh[0].updated_at) == (0.5, rec.updated_at)
+    other.close()
+    st.close()
+
+
+def test_a_turn_that_creates_its_session_is_not_projected(tmp_path: Path) -> None:
+    from suffixmem.conversation.records import NewSession
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    job = st.commit_later("n", [NewMessage("user", "q")], TURN, temperature=0.5,
+                          window_start=0, create=NewSession(system_prompt="sys"),
+                          replace_history=False)
+    assert st.history_cache.get("n") is None
+    state = st.turn_state("n")  # settles the commit first
+    assert job.done and state is not None and [m.content for m in state[1]] == ["q"]
+    st.close()
+
+
+def test_the_pool_opens_its_connections_at_start(tmp_path: Path) -> None:
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    assert st.engine.pool.checkedin() == WARM_CONNECTIONS  # not inside the first turns
+    st.close()
+
+
 def test_a_program_that_never_closes_its_store_still_stores_the_turn(tmp_path: Path) -> None:
     # the commit is registered but no worker ever runs it: only the exit hook can
     url = f"sqlite:///{tmp_path / 's.db'}"
     script = f"""
 from suffixmem.conversation.records import NewMessage, TurnEvent
-from suffixmem.conversation.store import Store
+from suffixmem.conversation.store import WARM_CONNECTIONS, Store
 st = Store({url!r})
 st.open_session("s")
 st.commit_later("s", [NewMessage("user", "q"), NewMessage("assistant", "a")],
@@ -153,8 +195,13 @@ def test_async_turns_are_read_back_at_once_and_stored_behind(manager: Any) -> No
     url = manager.store._raw_url
     assert len(manager.store.pending) == 1
     assert _stored(url, "a") == []  # another connection: not yet
-    manager.chat("a", "And again?", **TINY)  # the next turn settles the first
-    history = [m.content for m in manager.history("a")]
+    settled: list[str] = []
+    settle = manager.store.pending.settle
+    manager.store.pending.settle = lambda sid: (settled.append(sid), settle(sid))
+    manager.chat("a", "And again?", **TINY)  # planned from the first's projection
+    assert settled == []  # it never waited for the first commit (the worker may have run it)
+    del manager.store.pending.settle
+    history = [m.content for m in manager.history("a")]  # settles both, in order
     assert history[0::2] == ["Hello!", "And again?"] and len(history) == 4
     assert _stored(url, "a") == history
     manager.chat("a", "Third.", **TINY)
@@ -163,6 +210,15 @@ def test_async_turns_are_read_back_at_once_and_stored_behind(manager: Any) -> No
     # a session created by its first turn exists for this process when the call returns
     manager.chat("b", "Hi.", create=True, **TINY)
     assert manager.get_session("b").message_count == 2
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_opening_a_session_tokenizes_its_system_prompt(manager: Any) -> None:
+    template = manager.engine.template
+    before = template.cached_bytes
+    manager.open_session("w", system_prompt="You answer in one short sentence. " * 12)
+    assert template.cached_bytes > before  # not left to the session's first turn
 
 
 @pytest.mark.slow
