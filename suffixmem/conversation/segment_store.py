@@ -53,6 +53,11 @@ class SegmentSQL:
         self.tier = Prepared(update(SEGMENTS).where(_KEY).values(
             tier=bindparam("new_tier"), score=bindparam("new_score"),
             expires_at=bindparam("new_expires")), dialect)
+        # a segment's row and how often it was sighted, for the log's features (every turn)
+        sightings = (select(func.count()).select_from(EVENTS)
+                     .where(EVENTS.c.hash == SEGMENTS.c.hash, EVENTS.c.scope == SEGMENTS.c.scope)
+                     .scalar_subquery().label("sightings"))
+        self.state = Prepared(select(*SEGMENTS.c, sightings).where(_KEY), dialect)
 
 
 class SegmentQueries:
@@ -64,6 +69,9 @@ class SegmentQueries:
         raise NotImplementedError  # provided by Store
 
     def _retrying(self, fn: Any, core: bool = False) -> Any:
+        raise NotImplementedError  # provided by Store
+
+    def _conn(self, read: bool = False) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError  # provided by Store
 
     # -- segments -------------------------------------------------------------------------------
@@ -109,14 +117,15 @@ class SegmentQueries:
                        ) -> dict[tuple[str, str], tuple[SegmentRecord, int]]:
         """``(hash, scope) -> (record, sightings)`` for the keys that exist, in one read."""
         out: dict[tuple[str, str], tuple[SegmentRecord, int]] = {}
-        with self._tx(read=True) as s:
+        state = self.segment_sql.state
+        # prepared statements on the DBAPI connection, as the turn's own read: this runs in the
+        # background after every turn, and through the ORM it was its largest piece (~2.5 ms
+        # with four sessions at once, docs/profile.md round 7)
+        with self._conn(read=True) as conn:
             for h, scope in dict.fromkeys(keys):
-                r = s.execute(select(SegmentRow).where(
-                    SegmentRow.hash == h, SegmentRow.scope == scope)).scalar_one_or_none()
-                if r is not None:
-                    out[(h, scope)] = (_segment_record(r), int(s.scalar(
-                        select(func.count()).select_from(SegmentEventRow).where(
-                            SegmentEventRow.hash == h, SegmentEventRow.scope == scope)) or 0))
+                found = state.rows(conn, {"hash": h, "scope": scope})
+                if found:
+                    out[(h, scope)] = (_segment_record(found[0]), int(found[0].sightings or 0))
         return out
 
     def release_segments(self, scope: str) -> int:
@@ -150,7 +159,8 @@ class SegmentQueries:
             ]
 
 
-def _segment_record(r: SegmentRow) -> SegmentRecord:
+def _segment_record(r: Any) -> SegmentRecord:
+    """From an ORM ``SegmentRow`` or a prepared statement's row (same attribute names)."""
     return SegmentRecord(
         hash=r.hash, scope=r.scope, kind=r.kind, tokens=r.tokens, tier=r.tier,
         score=r.score, expires_at=aware(r.expires_at), hits=r.hits,

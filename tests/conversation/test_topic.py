@@ -182,3 +182,24 @@ def test_words_keep_their_combining_marks() -> None:
     assert word_tokens("আমি তোমাকে ভালোবাসি") == ["আমি", "তোমাকে", "ভালোবাসি"]
     assert word_tokens("שָׁלוֹם עוֹלָם") == ["שָׁלוֹם", "עוֹלָם"]
     assert word_tokens("Hello, world!") == ["hello", "world"]
+
+
+def test_the_sparse_dot_equals_scipys_on_messages_and_centroids() -> None:
+    """``_dot`` (shared indices only) against scipy's elementwise product, on message vectors
+    in four scripts and on a session's decayed centroid (a sum of scaled rows)."""
+    from suffixmem.conversation.topic import _dot, _unit
+
+    d = default_detector()
+    state = d.replay([("How do I bake bread at home?", "Mix flour, water, yeast and salt."),
+                      ("How long should the dough rise?", "About an hour, until doubled."),
+                      ("Wie lange backe ich es?", "Etwa 40 Minuten bei 220 Grad.")])
+    refs = [_unit(state.char), _unit(state.word), state.last_char, state.last_word]
+    for text in ["And the oven temperature?", "面包需要烤多久？", "¿Y la levadura seca?",
+                 "Unrelated: who won the 1998 world cup?", "a"]:
+        c, w = d._vectors(state, text)
+        for v in (c, w):
+            for ref in refs:
+                if ref is None or v.nnz == 0:
+                    continue
+                assert _dot(v, ref) == pytest.approx(float(v.multiply(ref).sum()), abs=1e-12)
+                assert _dot(ref, ref) == pytest.approx(float(ref.multiply(ref).sum()), abs=1e-12)
