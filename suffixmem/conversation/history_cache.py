@@ -12,11 +12,11 @@ within its one read transaction, reads the session row and then:
   the whole history again.
 
 So the cache is never trusted over the database, only used to skip rows the database confirms.
-One exception, by design: while a turn's commit is still queued behind its caller
-(``write_behind``), the entry is that commit's *projection* (the session's record and history
-as the commit will leave them, built by ``Store.commit_later``), and the session's next turn
-plans from it instead of waiting for the commit; the commit stores exactly the projected rows
-(same positions and timestamps), so once it lands the entry is confirmed as before.
+While a turn's commit is still queued behind its caller (``write_behind``), the session's
+next turn plans from that commit's *projection* (the record and history as the commit will
+leave them, built by ``Store.commit_later`` and kept with the pending commit); the projection
+is also put here, and since the commit stores exactly the projected rows (same positions and
+timestamps), once it lands the entry is confirmed as any other.
 Entries are immutable tuples of frozen ``StoredMessage``s; the table holds at most
 ``max_sessions`` sessions (oldest written first out). Plain dict operations only: no lock,
 so sessions never wait for each other here.

@@ -122,12 +122,11 @@ class TurnQueries:
         session). Only messages not seen by an earlier call are read (``history_cache``)."""
         sid = check_session_id(session_id)
         cache = self.history_cache
-        if self.pending.waiting(sid):
+        projected = self.pending.projection(sid)
+        if projected is not None:
             # the session's last turn is still queued behind its caller: plan from what that
             # commit will store (``commit_later``'s projection) rather than wait for it
-            entry = cache.get(sid)
-            if entry is not None and entry.record is not None:
-                return entry.record, list(entry.messages)
+            return projected.record, list(projected.messages)
         self.pending.settle(sid)
         with self._conn(read=True) as s:
             # a plain row with every column: ``_record`` reads it like an ORM row
@@ -254,22 +253,23 @@ class TurnQueries:
         self._check(messages)
         sid = check_session_id(session_id)
         at = utcnow()
-        self._project(sid, messages, at, state)
         # _commit, not commit_turn: settling from inside the pending job would wait for itself
         return self.pending.add(
-            sid, lambda: self._commit(sid, messages, turn, at=at, **state), "turn commit")
+            sid, lambda: self._commit(sid, messages, turn, at=at, **state), "turn commit",
+            projection=self._project(sid, messages, at, state))
 
     def _project(self, sid: str, messages: Sequence[NewMessage], at: datetime,
-                 state: dict[str, Any]) -> None:
-        """Leave in the history cache what the queued commit will store, so the session's next
-        turn plans from it (``turn_state``). Only a plain append of a session this process
-        read is projected; anything else drops the entry (the next read waits instead)."""
+                 state: dict[str, Any]) -> CachedHistory | None:
+        """What the queued commit will store, so the session's next turn plans from it
+        (``turn_state``); also left in the history cache, which the commit then confirms. Only
+        a plain append of a session this process read is projected; anything else drops the
+        entry and returns None (the next read waits for the commit instead)."""
         cache = self.history_cache
         entry = cache.get(sid)
         if (entry is None or entry.record is None or state.get("create") is not None
                 or state.get("replace_history")):
             cache.drop(sid)
-            return
+            return None
         first = entry.messages[-1].position + 1 if entry.messages else 0
         stored = tuple(
             StoredMessage(first + i, m.role, m.content,
@@ -280,4 +280,6 @@ class TurnQueries:
         record = dataclasses.replace(
             entry.record, temperature=state["temperature"], window_start=state["window_start"],
             updated_at=at, message_count=len(history))
-        cache.put(sid, CachedHistory(at, history, record))
+        projection = CachedHistory(at, history, record)
+        cache.put(sid, projection)
+        return projection

@@ -30,8 +30,10 @@ Contract:
 - ``settle(session_id)``: when it returns the session's commits have run. A commit that failed
   raises here, once, as ``StoreError`` naming the session and the cause (the worker has also
   logged it); later calls proceed.
-- ``waiting(session_id)``: the session has a commit queued that has not finished; the store
-  then serves the session's next turn from the commit's projection (``history_cache``).
+- ``add(..., projection=)`` keeps what the commit will leave (the store's ``CachedHistory``);
+  ``projection(session_id)`` returns it while that commit is queued and has not finished, and
+  the store serves the session's next turn from it. It is kept with the job rather than read
+  from the history cache, which a concurrent read of the same session may overwrite.
 - ``settle_all()``: every pending commit has run; failures are kept for their session's next
   ``settle``. At interpreter exit every store's pending commits are settled (``atexit``), so a
   script that never calls ``close()`` loses no turn either.
@@ -57,11 +59,14 @@ class PendingCommits:
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
+        # session -> what its newest pending commit will leave (``add(projection=)``)
+        self._projections: dict[str, Any] = {}
         self._failed: dict[str, BaseException] = {}
         self._lock = threading.Lock()  # guards the two dicts only, never held while a job runs
         _LIVE.add(self)
 
-    def add(self, session_id: str, fn: Callable[[], Any], name: str = "turn commit") -> Job:
+    def add(self, session_id: str, fn: Callable[[], Any], name: str = "turn commit",
+            projection: Any = None) -> Job:
         with self._lock:
             earlier = self._jobs.get(session_id)
             if earlier is not None and earlier.done:
@@ -80,6 +85,7 @@ class PendingCommits:
 
             job = Job(commit, name)
             self._jobs[session_id] = job
+            self._projections[session_id] = projection
             return job
 
     def __len__(self) -> int:
@@ -90,6 +96,7 @@ class PendingCommits:
         with self._lock:
             if self._jobs.get(session_id) is job:
                 del self._jobs[session_id]
+                self._projections.pop(session_id, None)
 
     def _finish(self, session_id: str, job: Job) -> None:
         """Run ``job`` (or wait for it) and drop it; its failure goes to ``_failed``."""
@@ -100,10 +107,14 @@ class PendingCommits:
                 self._failed[session_id] = e
         self._forget(session_id, job)
 
-    def waiting(self, session_id: str) -> bool:
-        """A commit of the session is queued and has not finished (nor failed unreported)."""
-        job = self._jobs.get(session_id)
-        return job is not None and not job.done and session_id not in self._failed
+    def projection(self, session_id: str) -> Any:
+        """What the session's newest commit will leave, while it is queued and has not finished
+        (nor failed unreported); else None."""
+        with self._lock:
+            job = self._jobs.get(session_id)
+            if job is None or job.done or session_id in self._failed:
+                return None
+            return self._projections.get(session_id)
 
     def settle(self, session_id: str) -> None:
         job = self._jobs.get(session_id)

@@ -103,7 +103,7 @@ def test_the_next_turn_plans_from_a_pending_commits_projection(tmp_path: Path) -
                           TURN, temperature=0.5, window_start=0, create=None,
                           replace_history=False)
     rec, msgs = st.turn_state("s")  # served from the projection: the commit still waits
-    assert not job.done and st.pending.waiting("s")
+    assert not job.done and st.pending.projection("s") is not None
     assert (rec.temperature, rec.message_count) == (0.5, 2)
     assert [(m.position, m.content, m.token_ids) for m in msgs] == [(0, "q", None), (1, "a", (7,))]
     other = Store(st._raw_url)
@@ -115,6 +115,22 @@ def test_the_next_turn_plans_from_a_pending_commits_projection(tmp_path: Path) -
     assert fresh is not None and fresh[1] == msgs
     assert (fresh[0].temperature, fresh[0].updated_at) == (0.5, rec.updated_at)
     other.close()
+    st.close()
+
+
+def test_the_projection_survives_a_concurrent_read_of_the_session(tmp_path: Path) -> None:
+    # another thread's read of the session, begun before the commit was queued, puts what the
+    # database held then into the history cache: the next turn must still see the queued turn
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    st.open_session("s")
+    before = st.history_cache.get("s")
+    st.commit_later("s", [NewMessage("user", "q"), NewMessage("assistant", "a")], TURN,
+                    temperature=0.5, window_start=0, create=None, replace_history=False)
+    st.history_cache.put("s", before)  # the concurrent read lands after the projection
+    rec, msgs = st.turn_state("s")
+    assert [m.content for m in msgs] == ["q", "a"] and rec.message_count == 2
+    st.pending.settle("s")
+    assert [m.content for m in st.turn_state("s")[1]] == ["q", "a"]
     st.close()
 
 
