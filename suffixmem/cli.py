@@ -283,10 +283,15 @@ def serve(
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, help="Largest request body (413)."),
     served_model_name: str | None = typer.Option(
         None, help="Model id in /v1/models (default: the model's name)."),
+    durability: str = typer.Option(
+        "async", help="When a finished turn is stored: async (just after the reply; the "
+        "default) or sync (before it is sent). See docs/conversation.md."),
 ) -> None:
     """OpenAI-compatible HTTP server with sessions and a web chat page at / (see
     docs/server.md)."""
     import os
+
+    from suffixmem.conversation.manager_config import ManagerConfig
 
     try:
         from suffixmem.server import ServerConfig
@@ -305,10 +310,11 @@ def serve(
                              if k.strip()])
     config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,
                           served_model_name=served_model_name)
+    manager_config = ManagerConfig(durability=durability)  # checked before anything starts
     err_console.print(f"suffixmem: serving on http://{host}:{port} "
                       f"({'API key required' if keys else 'no API key'})")
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,
-               max_model_len=max_model_len, upstream=upstream)
+               max_model_len=max_model_len, upstream=upstream, manager_config=manager_config)
 
 
 @app.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from suffixmem.conversation.manager_config import ManagerConfig
 from suffixmem.server.serving import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -12,8 +13,10 @@ log = logging.getLogger(__name__)
 def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
           model: str | None = None, database_url: str | None = None,
           config: ServerConfig | None = None, max_model_len: int = 8192,
-          log_level: str = "info", upstream: list[str] | None = None) -> None:
-    """Start the engine and manager, then serve until interrupted; both are closed on exit.
+          log_level: str = "info", upstream: list[str] | None = None,
+          manager_config: ManagerConfig | None = None) -> None:
+    """Start the engine and manager (``manager_config``: its settings, e.g. ``durability``),
+    then serve until interrupted; both are closed on exit.
 
     ``engine="remote"`` serves over the vLLM servers in ``upstream`` (session affinity recorded
     in ``database_url``, shared by every suffixmem process on that database)."""
@@ -30,7 +33,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
         options.update(urls=list(upstream or ()), database_url=database_url)
     eng = create_engine(engine, **options)
     try:
-        mgr = ConversationManager(eng, database_url=database_url)
+        mgr = ConversationManager(eng, database_url=database_url, config=manager_config)
         try:
             mgr.detector()  # load the topic detector now, not inside the first request
             app = create_app(mgr, config)

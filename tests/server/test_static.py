@@ -38,6 +38,7 @@ def test_server_config_rejects_bad_limits(kw: dict) -> None:
     (["--engine", "nope"], "engine"),
     (["--max-pending", "0"], "max_pending"),
     (["--port", "abc"], "port"),
+    (["--durability", "eventually"], "durability"),
 ])
 def test_serve_bad_options_one_line(args: list[str], word: str) -> None:
     r = subprocess.run([sys.executable, "-m", "suffixmem.cli", "serve", *args],
