@@ -265,7 +265,8 @@ class TurnQueries:
         a plain append of a session this process read is projected; anything else drops the
         entry and returns None (the next read waits for the commit instead)."""
         cache = self.history_cache
-        entry = cache.get(sid)
+        # on top of an earlier turn's commit still queued, else of what this process read
+        entry = self.pending.projection(sid) or cache.get(sid)
         if (entry is None or entry.record is None or state.get("create") is not None
                 or state.get("replace_history")):
             cache.drop(sid)

@@ -62,7 +62,7 @@ class PendingCommits:
         # session -> what its newest pending commit will leave (``add(projection=)``)
         self._projections: dict[str, Any] = {}
         self._failed: dict[str, BaseException] = {}
-        self._lock = threading.Lock()  # guards the two dicts only, never held while a job runs
+        self._lock = threading.Lock()  # guards the dicts only, never held while a job runs
         _LIVE.add(self)
 
     def add(self, session_id: str, fn: Callable[[], Any], name: str = "turn commit",

@@ -129,8 +129,17 @@ def test_the_projection_survives_a_concurrent_read_of_the_session(tmp_path: Path
     st.history_cache.put("s", before)  # the concurrent read lands after the projection
     rec, msgs = st.turn_state("s")
     assert [m.content for m in msgs] == ["q", "a"] and rec.message_count == 2
+    # the next turn's commit is projected on top of the queued one, not of the stale entry
+    st.commit_later("s", [NewMessage("user", "q2"), NewMessage("assistant", "a2")], TURN,
+                    temperature=0.4, window_start=0, create=None, replace_history=False)
+    rec, msgs = st.turn_state("s")
+    assert [(m.position, m.content) for m in msgs] == [(0, "q"), (1, "a"), (2, "q2"), (3, "a2")]
     st.pending.settle("s")
-    assert [m.content for m in st.turn_state("s")[1]] == ["q", "a"]
+    other = Store(st._raw_url)  # the database alone
+    stored = other.turn_state("s")
+    assert stored is not None and stored[1] == msgs and stored[0].temperature == 0.4
+    assert st.turn_state("s") == stored
+    other.close()
     st.close()
 
 
