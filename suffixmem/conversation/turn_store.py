@@ -168,12 +168,7 @@ class TurnQueries:
         last = self.turn_sql.last_position.scalar(conn, {"sid": sid})
         first = 0 if last is None else int(last) + 1
         now = now or utcnow()
-        stored = tuple(
-            StoredMessage(first + i, m.role, m.content,
-                          tuple(m.token_ids) if m.token_ids is not None else None,
-                          m.token_count, now)
-            for i, m in enumerate(messages)
-        )
+        stored = _as_stored(messages, first, now)
         if stored:
             # one executemany, no ORM unit of work: this is on every turn's commit
             self.turn_sql.insert_messages.run_many(conn, [
@@ -272,15 +267,21 @@ class TurnQueries:
             cache.drop(sid)
             return None
         first = entry.messages[-1].position + 1 if entry.messages else 0
-        stored = tuple(
-            StoredMessage(first + i, m.role, m.content,
-                          tuple(m.token_ids) if m.token_ids is not None else None,
-                          m.token_count, at)
-            for i, m in enumerate(messages))
-        history = entry.messages + stored
+        history = entry.messages + _as_stored(messages, first, at)
         record = dataclasses.replace(
             entry.record, temperature=state["temperature"], window_start=state["window_start"],
             updated_at=at, message_count=len(history))
         projection = CachedHistory(at, history, record)
         cache.put(sid, projection)
         return projection
+
+
+def _as_stored(messages: Sequence[NewMessage], first: int, at: datetime
+               ) -> tuple[StoredMessage, ...]:
+    """``messages`` as stored from position ``first`` at time ``at``: one builder for the
+    commit's rows and its projection, which must compare equal (``history_cache``)."""
+    return tuple(
+        StoredMessage(first + i, m.role, m.content,
+                      tuple(m.token_ids) if m.token_ids is not None else None,
+                      m.token_count, at)
+        for i, m in enumerate(messages))
