@@ -60,6 +60,20 @@ def choose_block_size(requested: int | None, on_cuda: bool) -> int:
     return requested
 
 
+def _warm_up(engine: Any) -> None:
+    """One 1-token request through ``engine``, so that no caller's request pays vLLM's lazy
+    first-request work on the driver thread: its first ``add_request`` scans every installed
+    package's entry points for logits-processor plugins (~20 ms here), and a burst of sessions'
+    first turns waited for it (issue 19's concurrent ``manager_overhead_ms`` p99). Shorter than
+    a block, so it leaves nothing in the prefix cache."""
+    from vllm import SamplingParams as VSamplingParams
+
+    engine.add_request("suffixmem-warm-up", {"type": "token", "prompt_token_ids": [0]},
+                       VSamplingParams(max_tokens=1))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 class VLLMEngine(BaseEngine):
     """vLLM ``LLMEngine`` in-process, driven by one thread, streaming to many callers."""
 
@@ -120,6 +134,7 @@ class VLLMEngine(BaseEngine):
             # two pools (spin waits throttled): decode measured 52-58 ms per token there
             # against 27-28 ms for stock ``vllm.LLM`` in its own thread.
             self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
+            _warm_up(self._engine)
 
         self._start_driver("suffixmem-vllm", setup)
         with VLLMEngine._live_lock:
@@ -210,6 +225,7 @@ class VLLMEngine(BaseEngine):
     def _prepare(self, request: Request, prompt_ids: list[int]) -> Any:
         """vLLM's own checks run here, in the caller's thread: nothing is queued if they fail."""
         from vllm import SamplingParams as VSamplingParams
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         s = request.sampling
@@ -228,7 +244,15 @@ class VLLMEngine(BaseEngine):
             **extra,
         )
         salt = self.isolation.salt(request.session_key)
-        return {"prompt_token_ids": prompt_ids, "cache_salt": salt}, params
+        # rendered here, as stock vLLM's ``LLM`` does before ``add_request``: a raw prompt is
+        # rendered inside ``add_request``, i.e. on the driver thread, where the callers of a
+        # burst waited for it (the first one ~11 ms, a deprecation warning included)
+        renderer = self._engine.renderer
+        (prompt,) = renderer.render_cmpl(
+            [parse_model_prompt(self._engine.model_config,
+                                {"prompt_token_ids": prompt_ids, "cache_salt": salt})],
+            renderer.default_cmpl_tok_params)
+        return prompt, params
 
     def _stream(self, request: Request, prompt_ids: list[int],
                 payload: Any) -> Iterator[TokenEvent | Result]:
