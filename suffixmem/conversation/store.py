@@ -112,14 +112,20 @@ class Store(TurnQueries, SegmentQueries):
         self._warm_pool()
 
     def _warm_pool(self) -> None:
-        """Open ``WARM_CONNECTIONS`` pooled connections now. The pool opens them on demand, so
-        sessions turning at once would each open one inside their first turn, where it cost
-        1-6 ms with four sessions on two busy cores (docs/profile.md, round 7)."""
+        """Open ``WARM_CONNECTIONS`` pooled connections now, each with the turn's read prepared.
+        The pool opens them on demand, so sessions turning at once would each open one inside
+        their first turn, where it cost 1-6 ms with four sessions on two busy cores, and
+        SQLite prepares a statement once per connection (0.1-0.2 ms; docs/profile.md, rounds
+        7-8)."""
         pool = self.engine.pool
         size = pool.size() if isinstance(pool, QueuePool) else 0
         conns = [self.engine.raw_connection() for _ in range(min(WARM_CONNECTIONS, size))]
         for c in conns:
-            c.close()
+            try:  # a session that cannot exist: nothing is read, the statements are prepared
+                self.turn_sql.session.rows(c, {"sid": ""})
+                self.turn_sql.messages_from.rows(c, {"sid": "", "since": 0})
+            finally:
+                c.close()
 
     # -- plumbing -------------------------------------------------------------------------------
     @contextlib.contextmanager
