@@ -24,6 +24,7 @@ an LRU bounded in bytes; a render that exceeds its token budget raises before ca
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections import OrderedDict
@@ -99,6 +100,11 @@ class ChatTemplate:
         head, pre, post, tail = self._frame("assistant", False)
         self._assistant_header = (*head, *self._template_ids(pre))
         self._assistant_footer = (*self._template_ids(post), *tail)
+        # the frames every conversation needs, found now rather than inside a first turn
+        # (~1 ms of template rendering each); one a template rejects fails when it is used
+        for role, first in (("system", True), ("user", True), ("user", False)):
+            with contextlib.suppress(Exception):
+                self._frame(role, first)
 
     # -- tokenizing -----------------------------------------------------------------------------
     def _text(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:

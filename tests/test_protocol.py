@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from suffixmem.engine.protocol import EngineStats, Message, Request, Result, SamplingParams, Segment
 from suffixmem.errors import InvalidRequestError
@@ -90,3 +92,22 @@ def test_bad_session_keys_are_rejected(key: Any) -> None:
 def test_bad_message_text_is_rejected(content: Any) -> None:
     with pytest.raises(InvalidRequestError, match="message content"):
         Message("user", content)
+
+
+class _Id(int):
+    """An int subclass: accepted like an int (the fast path only takes exact ints)."""
+
+
+@given(st.lists(st.one_of(st.integers(-3, 50_000), st.booleans(), st.floats(0, 9),
+                          st.integers(0, 9).map(_Id), st.just("7"), st.none()),
+                max_size=40))
+def test_token_id_check_agrees_with_the_per_item_rule(ids: list[Any]) -> None:
+    """``Request`` accepts token ids exactly when each is a non-negative int and not a bool
+    (its fast path over exact ints must not change which requests pass)."""
+    ok = bool(ids) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                           for t in ids)
+    if ok:
+        assert Request("s", token_ids=ids).token_ids == tuple(ids)
+    else:
+        with pytest.raises(InvalidRequestError, match="token_ids"):
+            Request("s", token_ids=ids)

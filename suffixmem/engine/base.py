@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -102,6 +103,7 @@ class BaseEngine(ABC):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._driver: threading.Thread | None = None
+        uuid.uuid4()  # a process's first os.urandom cost ~0.5 ms: not inside its first request
 
     # -- tokenizer trio -------------------------------------------------------------------------
     def _load_tokenizer(self, path: Any) -> None:
@@ -139,8 +141,9 @@ class BaseEngine(ABC):
         if request.token_ids is not None:
             ids = list(request.token_ids)
             vocab = len(self.tokenizer)
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
+            # ``check`` made them non-negative ints: only the top can be out of range
+            if ids and max(ids) >= vocab:
+                bad = max(ids)
                 raise InvalidRequestError(f"token_ids holds {bad}, outside the vocabulary "
                                           f"0..{vocab - 1}")
         else:

@@ -159,6 +159,14 @@ class Segment:
         return self.end - self.start
 
 
+def _non_negative_ints(ids: tuple[Any, ...]) -> bool:
+    """Whether every id is a non-negative ``int`` (not a bool). Checked twice per turn over the
+    whole prompt, so plain ints take C-level passes (a generator cost ~0.2 ms per 600 ids)."""
+    if set(map(type, ids)) <= {int}:
+        return not ids or min(ids) >= 0
+    return all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+
+
 def _new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -213,7 +221,7 @@ class Request:
                     raise InvalidRequestError(f"messages[{i}] ({m.role}) has empty content")
         if self.token_ids is not None:
             ids = tuple(self.token_ids)
-            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+            if not _non_negative_ints(ids):
                 raise InvalidRequestError("token_ids must be non-negative integers")
             self.token_ids = ids
             if not self.token_ids:

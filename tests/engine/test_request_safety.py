@@ -215,3 +215,14 @@ def test_reset_prefix_cache_runs_in_the_driver_thread(engine: Any) -> None:
     finally:
         del engine.run_in_driver
     assert seen == [engine._driver]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_queueing(engine: Any) -> None:
+    vocab = len(engine.tokenizer)
+    for ids in ([1, vocab, 2], [vocab + 7, 1], [1, 2, 3, vocab - 1 + 10**6]):
+        with pytest.raises(InvalidRequestError, match=f"outside the vocabulary 0..{vocab - 1}"):
+            engine.generate(Request(_key(), token_ids=ids, sampling=SamplingParams(max_tokens=2)))
+    assert not engine._outboxes
+    edge = engine.generate(Request(_key(), token_ids=[1, vocab - 1],
+                                   sampling=SamplingParams(max_tokens=2)))
+    assert edge.prompt_tokens == 2
