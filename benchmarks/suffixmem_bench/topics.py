@@ -22,9 +22,11 @@ the cutoff with the best mean F1 running on its own verdicts) and the baseline r
 threshold (``RuleDetector``: char 2-4-gram TF-IDF fitted on the session, cosine with the last
 three turns), each to its best mean F1. Reported per data set: F1, precision, recall, the
 rule's F1, turns and jumps scored, ``all_jumps_f1`` (the F1 of calling every turn a jump: a
-set near it carries little topic signal); ``f1_min`` over data sets; ``ms_per_turn_p99`` and
-``peak_mb`` of the shipped default detector on a 50-turn session in a fresh interpreter (what
-serving adds; this process also holds the corpus and the bench's own torch probe).
+set near it carries little topic signal), ``similarity_auc`` (the rule's similarity as a jump
+score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the set's jumps);
+``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped default
+detector on a 50-turn session in a fresh interpreter (what serving adds; this process also
+holds the corpus and the bench's own torch probe).
 """
 
 from __future__ import annotations
@@ -116,6 +118,26 @@ def predictions(detector: Any, sessions: Sequence[Session]) -> tuple[list[bool],
 
 def evaluate(detector: Any, sessions: Sequence[Session]) -> dict[str, float]:
     return jump_scores(*predictions(detector, sessions))
+
+
+def rule_scores(rule: RuleDetector, sessions: Sequence[Session]) -> dict[str, float]:
+    """``evaluate(rule, ...)`` plus ``similarity_auc``: how well the rule's similarity alone
+    ranks true jumps below continuations (ROC AUC; 0.5: the set carries no TF-IDF signal that
+    any threshold, ours or the rule's, could find)."""
+    from sklearn.metrics import roc_auc_score
+
+    truth: list[bool] = []
+    sims: list[float] = []
+    for session in sessions:
+        for i, (q, _a, jump) in enumerate(session):
+            if i:
+                truth.append(jump)
+                sim = rule.detect([(u, v) for u, v, _ in session[:i]], q).similarity
+                sims.append(0.0 if sim is None else sim)
+    scores = jump_scores(truth, [x < rule.threshold for x in sims])
+    both = len(set(truth)) == 2
+    scores["similarity_auc"] = float(roc_auc_score(truth, [-x for x in sims])) if both else 0.5
+    return scores
 
 
 def split_topic_names(names: Sequence[str], seed: int) -> tuple[list[str], list[str]]:
@@ -300,10 +322,12 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
             skipped[name] = topics or []
             return
         ours = evaluate(detector, sessions)
+        base = rule_scores(rule, sessions)
         datasets[name] = {
             "f1": round(ours["f1"], 4), "precision": round(ours["precision"], 4),
             "recall": round(ours["recall"], 4),
-            "baseline_f1": round(evaluate(rule, sessions)["f1"], 4),
+            "baseline_f1": round(base["f1"], 4),
+            "similarity_auc": round(base["similarity_auc"], 4),
             "turns": sum(len(s) - 1 for s in sessions), "jumps": int(ours["tp"] + ours["fn"]),
         }
         # the trivial reference: call every scored turn a jump (precision = jump rate,

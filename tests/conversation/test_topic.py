@@ -138,6 +138,7 @@ def test_bench_json_shape() -> None:
         # every scored turn called a jump: precision = jumps / turns, recall 1
         rate = d["jumps"] / d["turns"]
         assert d["all_jumps_f1"] == pytest.approx(2 * rate / (rate + 1), abs=1e-4)
+        assert 0.0 <= d["similarity_auc"] <= 1.0
     assert r["f1"] == r["datasets"]["natural"]["f1"]
     assert r["f1_min"] == min(d["f1"] for d in r["datasets"].values())
     assert r["ms_per_turn_p99"] > 0 and r["peak_mb"] > 0
@@ -151,6 +152,26 @@ def test_bench_json_shape() -> None:
     assert not scored & {q for s in tune for q, _, _ in s}
     assert set(r["model"]) >= {"sim", "novelty", "bias", "cutoff"}
     assert r["session_construction"] == "contiguous"
+
+
+def test_similarity_auc_is_one_where_jumps_share_nothing_and_half_where_all_look_alike(
+) -> None:
+    """``bench topics``' per-set ``similarity_auc``: the rule's similarity as a jump score."""
+    sys.path.insert(0, str(BENCH))
+    from suffixmem_bench.topics import RuleDetector, rule_scores
+
+    cats = [("Why do cats purr when they sleep?", "Cats purr when relaxed."),
+            ("Do cats purr when they are sick?", "Cats sometimes purr when sick."),
+            ("How loud can cats purr?", "Some cats purr loudly.")]
+    tax = [("How is income tax withheld from wages?", "Employers withhold income tax."),
+           ("When is the income tax return due?", "Income tax returns are due in April.")]
+    sessions = [[(q, a, i == len(first)) for i, (q, a) in enumerate([*first, *second])]
+                for first, second in ((cats, tax), (tax, cats))]
+    separated = rule_scores(RuleDetector(0.3), sessions)
+    assert separated["similarity_auc"] == 1.0
+    # every scored turn alike (same text after the same history), half of them labelled jumps
+    alike = [[(*cats[0], False), (*cats[1], k % 2 == 0)] for k in range(4)]
+    assert rule_scores(RuleDetector(0.3), alike)["similarity_auc"] == 0.5
 
 
 def test_semantic_temperature_follows_the_model(tmp_path: Path) -> None:
