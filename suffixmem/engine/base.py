@@ -142,9 +142,9 @@ class BaseEngine(ABC):
             ids = list(request.token_ids)
             vocab = len(self.tokenizer)
             # ``check`` made them non-negative ints: only the top can be out of range
-            if ids and max(ids) >= vocab:
-                bad = max(ids)
-                raise InvalidRequestError(f"token_ids holds {bad}, outside the vocabulary "
+            top = max(ids, default=0)
+            if top >= vocab:
+                raise InvalidRequestError(f"token_ids holds {top}, outside the vocabulary "
                                           f"0..{vocab - 1}")
         else:
             # rendering stops (and caches nothing) as soon as the budget is exceeded

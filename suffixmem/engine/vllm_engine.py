@@ -245,8 +245,8 @@ class VLLMEngine(BaseEngine):
         )
         salt = self.isolation.salt(request.session_key)
         # rendered here, as stock vLLM's ``LLM`` does before ``add_request``: a raw prompt is
-        # rendered inside ``add_request``, i.e. on the driver thread, where the callers of a
-        # burst waited for it (the first one ~11 ms, a deprecation warning included)
+        # rendered inside ``add_request`` (a path vLLM deprecates), i.e. on the driver thread,
+        # where every other caller waits for the GIL
         renderer = self._engine.renderer
         (prompt,) = renderer.render_cmpl(
             [parse_model_prompt(self._engine.model_config,
