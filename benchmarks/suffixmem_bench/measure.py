@@ -12,9 +12,12 @@
   and a short matmul probe (fp32 GFLOP/s at the run's thread count, ~0.2 s) before and after.
 - **Noisy.** The machine's idle probe rate is the best probe ever seen on it at that thread
   count (kept in ``~/.cache/suffixmem/bench/idle_probe.json``; ``SUFFIXMEM_BENCH_IDLE_GFLOPS``
-  overrides it). A run whose slower probe is below half of that rate is ``"noisy": true``;
-  noisy runs never feed the README. The first run on a machine sets the idle rate itself, so
-  calibrate on a quiet machine first (``suffixmem bench engines --repeats 3`` alone).
+  overrides it). A run whose slower probe is below half of that rate, or whose two probes
+  differ by more than a quarter (the machine changed speed during the run: a sequential chat
+  run read 194 then 119 GFLOP/s, above half the idle rate, with every configuration 35-60%
+  slower than the run before), is ``"noisy": true``; noisy runs never feed the README. The
+  first run on a machine sets the idle rate itself, so calibrate on a quiet machine first
+  (``suffixmem bench engines --repeats 3`` alone).
 
 Every bench's JSON carries ``RunContext.fields()``: ``commit``, ``load_avg``, ``noisy``,
 ``matmul_gflops``, ``idle_gflops``, ``threads`` and ``machine`` (CPU name, cores, L3 size,
@@ -39,6 +42,7 @@ T = TypeVar("T")
 
 MIN_REPEATS = 3
 NOISY_FRACTION = 0.5  # a probe below this share of the idle rate marks the run noisy
+DRIFT_FRACTION = 0.75  # so does a slower probe below this share of the faster one
 IDLE_FILE = Path.home() / ".cache" / "suffixmem" / "bench" / "idle_probe.json"
 IDLE_ENV = "SUFFIXMEM_BENCH_IDLE_GFLOPS"
 
@@ -274,6 +278,7 @@ class RunContext:
         if probes and os.environ.get(IDLE_ENV) is None:
             idle = record_idle(self.threads, max(probes), self.idle_path)
         noisy = bool(idle and math.isfinite(worst) and worst < NOISY_FRACTION * idle)
+        noisy = noisy or (len(probes) == 2 and worst < DRIFT_FRACTION * max(probes))
         return {
             "commit": self.commit,
             "load_avg": {"before": self.load_before, "after": self.load_after},

@@ -87,6 +87,18 @@ def test_a_probe_below_half_the_idle_rate_is_noisy(tmp_path: Path,
     assert ctx.fields()["noisy"] is False
 
 
+def test_a_run_whose_probes_drift_by_more_than_a_quarter_is_noisy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine slowed during the run: noisy even above half the idle rate."""
+    monkeypatch.setenv(measure.IDLE_ENV, "200")
+    ctx = RunContext(1, idle_path=tmp_path / "idle.json")
+    for before, after, noisy in ((194.0, 119.0, True), (119.0, 194.0, True),
+                                 (194.0, 150.0, False), (194.0, 197.0, False),
+                                 (194.0, math.nan, False)):
+        ctx.probe_before, ctx.probe_after = before, after
+        assert ctx.fields()["noisy"] is noisy, (before, after)
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
 def test_peak_rss_of_a_child_is_its_own_not_its_parents() -> None:
     # ru_maxrss survives exec: a child of a process holding 400 MB would report >= 400 MB
