@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +109,19 @@ def predictions(detector: Any, sessions: Sequence[Session]) -> tuple[list[bool],
                     pred.append(verdict.jump)
                 detector.add_turn(state, q, a, verdict.jump)
         else:
-            for i, (q, _a, jump) in enumerate(session):
-                if i:
-                    truth.append(jump)
-                    pred.append(detector.detect([(u, v) for u, v, _ in session[:i]], q).jump)
+            for jump, verdict in _verdicts_on_true_history(detector, session):
+                truth.append(jump)
+                pred.append(verdict.jump)
     return truth, pred
+
+
+def _verdicts_on_true_history(detector: Any, session: Session
+                              ) -> Iterator[tuple[bool, TopicVerdict]]:
+    """(true label, ``detector.detect`` verdict) of every turn but the first, each given the
+    true history before it."""
+    for i, (q, _a, jump) in enumerate(session):
+        if i:
+            yield jump, detector.detect([(u, v) for u, v, _ in session[:i]], q)
 
 
 def evaluate(detector: Any, sessions: Sequence[Session]) -> dict[str, float]:
@@ -127,14 +135,13 @@ def rule_scores(rule: RuleDetector, sessions: Sequence[Session]) -> dict[str, fl
     from sklearn.metrics import roc_auc_score
 
     truth: list[bool] = []
-    sims: list[float] = []
+    verdicts: list[TopicVerdict] = []
     for session in sessions:
-        for i, (q, _a, jump) in enumerate(session):
-            if i:
-                truth.append(jump)
-                sim = rule.detect([(u, v) for u, v, _ in session[:i]], q).similarity
-                sims.append(0.0 if sim is None else sim)
-    scores = jump_scores(truth, [x < rule.threshold for x in sims])
+        for jump, verdict in _verdicts_on_true_history(rule, session):
+            truth.append(jump)
+            verdicts.append(verdict)
+    scores = jump_scores(truth, [v.jump for v in verdicts])
+    sims = [v.similarity or 0.0 for v in verdicts]
     both = len(set(truth)) == 2
     scores["similarity_auc"] = float(roc_auc_score(truth, [-x for x in sims])) if both else 0.5
     return scores
