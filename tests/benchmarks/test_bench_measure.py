@@ -50,9 +50,11 @@ def test_run_context_records_load_probe_commit_and_idle(tmp_path: Path,
     assert f["matmul_gflops"]["before"] > 0 and f["matmul_gflops"]["after"] > 0
     assert len(f["load_avg"]["before"]) == 3 and len(f["load_avg"]["after"]) == 3
     assert f["threads"] == 1 and f["commit"]
-    # the first run on a machine sets the idle rate to its own best probe: not noisy
-    assert f["idle_gflops"] == max(f["matmul_gflops"].values())
-    assert f["noisy"] is False
+    # the first run on a machine sets the idle rate to its own best probe: the idle-rate rule
+    # cannot fire, only the drift rule (0.02 s probes on a loaded machine may drift)
+    probes = f["matmul_gflops"].values()
+    assert f["idle_gflops"] == max(probes)
+    assert f["noisy"] is (min(probes) < measure.DRIFT_FRACTION * max(probes))
     assert json.loads(idle.read_text())  # recorded for the next run
     m = f["machine"]
     assert m["cores"] >= 1 and m["memory_gib"] > 0 and m["cpu"]
@@ -83,6 +85,9 @@ def test_a_probe_below_half_the_idle_rate_is_noisy(tmp_path: Path,
     f = ctx.fields()
     assert f["idle_gflops"] == 1e9 and f["noisy"] is True
     assert not (tmp_path / "idle.json").exists()  # an override is not recorded
+    # 0.02 s probes on a loaded machine may differ by more than a quarter (the drift rule,
+    # tested below): pin them equal so this checks the idle-rate rule alone
+    ctx.probe_after = ctx.probe_before
     monkeypatch.setenv(measure.IDLE_ENV, "1e-9")
     assert ctx.fields()["noisy"] is False
 
