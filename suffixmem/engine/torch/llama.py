@@ -290,9 +290,10 @@ class Llama:
         With ``entropy=True`` returns ``(out, ent [Nq])``: per query the attention
         distribution's entropy divided by ``log(number of visible keys)`` (0..1; 0 when one key
         is visible), averaged over heads. That path uses an explicit fp32 softmax (chunked over
-        queries). Otherwise, in bf16, more than ``SMALL_QUERY`` queries that are the last
-        tokens of keys at ``0 .. Nk-1`` (a prefill, a chunk of one, a warm turn's new tokens) go
-        to vLLM's CPU kernel (``vllm_attention``) when it is installed and ``kernel``;
+        queries). Otherwise, in bf16, more than ``SMALL_QUERY`` queries at ascending positions
+        over keys at ``0 .. Nk-1`` (a prefill, a chunk of one, a warm turn's new tokens, the
+        tokens recomputed between reused spans) go to vLLM's CPU kernel (``vllm_attention``)
+        when it is installed and ``kernel``;
         everything else runs SDPA, with its causal fast path when the queries are exactly the
         keys in order (transformers' own call, bit for bit).
         """
@@ -301,9 +302,14 @@ class Llama:
         if entropy:
             return self._attend_explicit(q, k, v, q_pos, k_pos)
         if (kernel and self.vllm_attention is not None and nq > SMALL_QUERY
-                and _is_range(k_pos, 0, nk) and _is_range(q_pos, nk - nq, nq)):
-            # the last nq tokens of a context at 0..nk-1: a prefill or a chunk of one
-            return self.vllm_attention.prefill(q, k, v, self.scale)
+                and _is_range(k_pos, 0, nk)):
+            if _is_range(q_pos, nk - nq, nq):
+                # the last nq tokens of a context at 0..nk-1: a prefill or a chunk of one
+                return self.vllm_attention.prefill(q, k, v, self.scale)
+            if int(q_pos[-1]) < nk and bool((q_pos[1:] > q_pos[:-1]).all()):
+                # the tokens recomputed between reused spans: one kernel run per stretch (on
+                # SDPA's masked path this was half of such a prefill)
+                return self.vllm_attention.prefill(q, k, v, self.scale, q_pos)
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Nq, D]
         kh = k.transpose(0, 1).unsqueeze(0)  # [1, KV, Nk, D]
         vh = v.transpose(0, 1).unsqueeze(0)

@@ -67,7 +67,10 @@ def rerotate(k: torch.Tensor, delta_positions: torch.Tensor | int, theta: float)
     rounding. Computed in fp32 and cast back to ``k.dtype`` so that bf16 keys lose at most one
     rounding."""
     if isinstance(delta_positions, int):
-        delta_positions = torch.full((k.shape[0],), delta_positions, dtype=torch.long)
+        # one delta for every row: one row of trigonometry, broadcast (the same values, so the
+        # same result bit for bit as a row per key; a segment's keys over 30 layers are
+        # thousands of rows)
+        delta_positions = torch.tensor([delta_positions], dtype=torch.long)
     cos, sin = cos_sin(delta_positions.to(k.device), k.shape[-1], theta, torch.float32)
     return rope_with(k.to(torch.float32), cos, sin).to(k.dtype)
 

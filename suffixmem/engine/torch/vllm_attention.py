@@ -6,8 +6,10 @@ half of a batch-4 decode step. vLLM's own CPU kernel (``cpu_attention_with_kv_ca
 vLLM engine runs) takes 9 ms for that prefill and a quarter of SDPA's time for a ragged decode
 batch, without padding. ``VllmAttention`` wraps it:
 
-- ``prefill(q, k, v, scale)``: the last ``Nq`` tokens of a context whose keys sit at positions
-  ``0 .. T-1`` (a cold prefill, a chunk of one, a warm turn's new tokens). The kernel reads K/V
+- ``prefill(q, k, v, scale, q_pos)``: queries at ascending positions of a context whose keys sit
+  at positions ``0 .. T-1``: its last ``Nq`` tokens (a cold prefill, a chunk of one, a warm
+  turn's new tokens) or the tokens recomputed between reused spans (segment reuse, context
+  shift), one kernel sequence per run of consecutive positions. The kernel reads K/V
   from its own paged layout (written by its ``reshape_and_cache``, whose format depends on the
   instruction set), so each call first copies the context into a scratch cache: ~1 MB a layer
   at 1,564 tokens, a few percent of what it saves.
@@ -63,10 +65,13 @@ def _isa(head_dim: int) -> str:
     return "amx" if torch.cpu._is_amx_tile_supported() else "vec"
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               q_pos: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 SDPA of ``VllmAttention.prefill``'s contract (the load-time probe's reference)."""
     nq, t = q.shape[0], k.shape[0]
-    mask = torch.arange(t)[None, :] <= torch.arange(t - nq, t)[:, None]
+    if q_pos is None:
+        q_pos = torch.arange(t - nq, t)
+    mask = torch.arange(t)[None, :] <= q_pos[:, None]
     out = F.scaled_dot_product_attention(
         q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None],
         v.float().transpose(0, 1)[None], attn_mask=mask, scale=scale, enable_gqa=True)
@@ -150,17 +155,29 @@ class VllmAttention:
         return out.view(q.shape[0], -1)
 
     # -- prefill ----------------------------------------------------------------------------------
-    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float) -> torch.Tensor:
-        """Attention of ``q [Nq, H, D]``, the last ``Nq`` positions of a context whose keys
-        and values ``k, v [T, KV, D]`` sit at positions ``0 .. T-1``; query ``j`` sees keys
-        ``0 .. T - Nq + j``. bf16 only. Returns ``[Nq, H * D]``."""
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                q_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of ``q [Nq, H, D]`` over a context whose keys and values ``k, v [T, KV,
+        D]`` sit at positions ``0 .. T-1``; query ``j`` sits at position ``q_pos[j]`` (strictly
+        ascending, below ``T``; default the last ``Nq`` positions) and sees keys ``0 ..
+        q_pos[j]``. bf16 only. Returns ``[Nq, H * D]``.
+
+        Scattered queries (a prefill after segment reuse or context shift: the recomputed
+        tokens between reused spans) become one kernel sequence per run of consecutive
+        positions, every run over the same scratch blocks: run ``a .. b`` is the last ``b - a +
+        1`` queries of a ``b + 1``-token sequence, which is exactly its causal view."""
         nq, t = q.shape[0], k.shape[0]
         nb = -(-t // BLOCK)
         kc, vc = self.new_cache(nb, dtype=k.dtype)
         self.write(k, v, kc[0], vc[0], torch.arange(t, dtype=torch.int64))
-        query_start = torch.tensor([0, nq], dtype=torch.int32)
-        lens = torch.tensor([t], dtype=torch.int32)
-        table = torch.arange(nb, dtype=torch.int32).view(1, nb)
+        if q_pos is None:
+            query_start = torch.tensor([0, nq], dtype=torch.int32)
+            lens = torch.tensor([t], dtype=torch.int32)
+        else:
+            ends = torch.nonzero(q_pos[1:] != q_pos[:-1] + 1).flatten() + 1  # a run's end row
+            bounds = torch.cat([ends, torch.tensor([nq])])
+            query_start = torch.cat([torch.zeros(1, dtype=torch.int64), bounds]).to(torch.int32)
+            lens = (q_pos[bounds - 1] + 1).to(torch.int32)
+        table = torch.arange(nb, dtype=torch.int32).expand(len(lens), nb).contiguous()
         return self.attend(q, kc[0], vc[0], query_start, lens, table,
                            self.metadata(query_start, lens, q.dtype), scale)

@@ -124,6 +124,9 @@ def test_rope_matches_transformers_and_rerotates(tiny: Any) -> None:
     moved = rerotate(xb, 5, 10000.0).float()
     assert (moved - apply_rope(x, pos + 5, 10000.0)).abs().max().item() <= 0.05
     assert rerotate(xb, 5, 10000.0).dtype == torch.bfloat16
+    # one delta for all rows (broadcast trigonometry) == that delta given per row, bit for bit
+    assert torch.equal(rerotate(xb, -37, 10000.0),
+                       rerotate(xb, torch.full((20,), -37), 10000.0))
 
 
 @pytest.mark.slow

@@ -34,6 +34,30 @@ def test_matches_fp32_sdpa_on_the_default_models_shape(context: int, queries: in
     assert torch.equal(kernel.prefill(q, k, v, 0.125), out)  # deterministic
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_scattered_queries_match_fp32_sdpa(seed: int) -> None:
+    """Queries at ascending but scattered positions (the tokens recomputed between reused
+    spans): one kernel run per stretch, each seeing exactly the keys up to its position."""
+    kernel = VllmAttention.load(9, 3, 64)
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(seed)
+    context = 300 + 250 * seed
+    picked = torch.rand(context, generator=gen) < 0.2  # single tokens and short stretches
+    picked[100:164] = True  # a stretch across block boundaries
+    picked[-1] = seed % 2 == 0  # ending at the last position, or before it
+    q_pos = torch.nonzero(picked).flatten()
+    q = torch.randn(len(q_pos), 9, 64, generator=gen).to(torch.bfloat16)
+    k = torch.randn(context, 3, 64, generator=gen).to(torch.bfloat16)
+    v = torch.randn(context, 3, 64, generator=gen).to(torch.bfloat16)
+    out = kernel.prefill(q, k, v, 0.125, q_pos)
+    assert out.shape == (len(q_pos), 9 * 64)
+    assert (out.float() - _reference(q, k, v, 0.125, q_pos)).abs().max().item() <= 2 ** -6
+    # contiguous positions at the end: the same as the default (last Nq) call, bit for bit
+    tail = torch.arange(context - 50, context)
+    assert torch.equal(kernel.prefill(q[:50], k, v, 0.125, tail),
+                       kernel.prefill(q[:50], k, v, 0.125))
+
+
 def test_a_head_size_the_kernel_lacks_leaves_sdpa() -> None:
     # head_dim 16 (the tiny test models'): the probe fails, the model keeps SDPA
     assert VllmAttention.load(4, 2, 16) is None
@@ -41,9 +65,10 @@ def test_a_head_size_the_kernel_lacks_leaves_sdpa() -> None:
 
 @pytest.mark.slow
 def test_runner_prefill_with_the_kernel_matches_sdpa_cold_and_warm(model_path: Any) -> None:
-    """The real model in bf16 through ``ModelRunner``: the last-token logits of a cold prefill
-    and of a warm turn (half the prompt cached, the rest computed over it) with the kernel
-    agree with SDPA's to bf16 rounding, with the same argmax."""
+    """The real model in bf16 through ``ModelRunner``: the last-token logits of a cold prefill,
+    of a warm turn (half the prompt cached, the rest computed over it) and of stretches
+    recomputed between cached spans, with the kernel, agree with SDPA's to bf16 rounding, with
+    the same argmax."""
     from suffixmem.engine.torch.kv_pool import KVPool
     from suffixmem.engine.torch.llama import Llama
     from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
@@ -61,7 +86,11 @@ def test_runner_prefill_with_the_kernel_matches_sdpa_cold_and_warm(model_path: A
         cold = runner.forward([SeqInput(ids, range(600), table, 600)]).logits[-1]
         runner.forward([SeqInput(ids[:300], range(300), table, 300, want_logits=False)])
         warm = runner.forward([SeqInput(ids[300:], range(300, 600), table, 600)]).logits[-1]
-        logits[kernel] = (cold, warm)
+        # a prefill after segment reuse: stretches recomputed between reused (cached) spans
+        picked = [*range(100, 140), *range(200, 203), *range(350, 420), *range(560, 600)]
+        spans = runner.forward([SeqInput([ids[p] for p in picked], picked, table,
+                                         600)]).logits[-1]
+        logits[kernel] = (cold, warm, spans)
     for a, b in zip(logits[True], logits[False], strict=True):
         assert int(a.argmax()) == int(b.argmax())
         assert (a - b).abs().max().item() <= 0.5  # bf16 logits of magnitude ~20
