@@ -37,6 +37,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from suffixmem import heap
 from suffixmem.conversation.anon_keys import AnonKeys
 from suffixmem.conversation.background import Background, Job
 from suffixmem.conversation.cluster import SharedTurnLock
@@ -114,6 +115,7 @@ class ConversationManager(TurnPath):
         self._anon = AnonKeys()  # stateless calls' keys, across the caller's window
         self._topic_updates: dict[str, Job] = {}
         self._background = Background()
+        heap.settle()  # its objects (SQLAlchemy's, the store's) out of full collections too
 
     # -- sessions -------------------------------------------------------------------------------
     def open_session(self, session_id: str | None = None, *, title: str | None = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+from suffixmem import heap
 from suffixmem.conversation.topic import TopicDetector, TopicState, TopicVerdict
 from suffixmem.conversation.turns import Plan, turn_pairs
 from suffixmem.engine.protocol import Message
@@ -33,6 +34,7 @@ class TopicCache:
         with self._build_lock:
             if self._detector is None:
                 self._detector = self._factory()
+                heap.settle()  # its vocabulary out of full collections (suffixmem.heap)
             return self._detector
 
     def verdict(self, key: str, history: Sequence[Message], user_text: str | None,

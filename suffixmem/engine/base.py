@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from suffixmem import heap
 from suffixmem.chat_template import ChatTemplate
 from suffixmem.engine.protocol import (
     EngineStats,
@@ -103,6 +104,7 @@ class BaseEngine(ABC):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._driver: threading.Thread | None = None
+        self._heap_held = False
         uuid.uuid4()  # a process's first os.urandom cost ~0.5 ms: not inside its first request
 
     # -- tokenizer trio -------------------------------------------------------------------------
@@ -300,6 +302,8 @@ class BaseEngine(ABC):
             self._driver.join()
             self._driver = None
             raise failed[0]
+        heap.hold()  # the loaded model and libraries out of full collections (suffixmem.heap)
+        self._heap_held = True
 
     def _driver_context(self) -> Any:
         """A context the driver loop runs in (the torch engine: ``inference_mode``)."""
@@ -402,7 +406,12 @@ class BaseEngine(ABC):
             self._driver.join(timeout=30)
         # a driver stuck in a long step still must not leave callers blocked
         self._fail_everything(EngineClosedError(f"engine {self.name!r} was closed"))
-        self._shutdown()
+        try:
+            self._shutdown()
+        finally:
+            if self._heap_held:
+                self._heap_held = False
+                heap.release()
 
     def _shutdown(self) -> None:
         """Release the backend after the driver stopped (default: nothing)."""

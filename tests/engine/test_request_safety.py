@@ -202,6 +202,33 @@ def test_closing_while_a_caller_streams_ends_it_with_a_clear_error(name: str) ->
         e.reset_prefix_cache()
 
 
+@pytest.mark.parametrize("name", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_a_started_engine_keeps_the_heap_frozen_until_it_closes(name: str) -> None:
+    """Start-up's objects (the model, the libraries) are out of full collections while the
+    engine runs (``suffixmem.heap``); once it closes they are collectable again, so a closed
+    engine's memory does not stay behind."""
+    import weakref
+
+    from suffixmem import heap
+
+    before = heap.holders()
+    e = _make(name)
+    try:
+        assert heap.holders() == before + 1
+        assert gc.get_freeze_count() > 100_000  # torch, transformers, the tokenizer ...
+        assert e.generate(_req(max_tokens=4)).token_ids
+    finally:
+        e.close()
+    assert heap.holders() == before and gc.get_freeze_count() == 0
+    e.close()  # idempotent: releases nothing twice
+    assert heap.holders() == before
+    if name == "torch":
+        pool = weakref.ref(e.kv_pool)
+        del e
+        gc.collect()
+        assert pool() is None  # the KV pool went with the engine
+
+
 def test_reset_prefix_cache_runs_in_the_driver_thread(engine: Any) -> None:
     seen: list[threading.Thread] = []
     real = engine.run_in_driver
