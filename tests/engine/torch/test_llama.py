@@ -11,6 +11,7 @@ import torch
 
 from suffixmem.engine.torch.llama import Llama, ModelConfig, rms_norm
 from suffixmem.engine.torch.rope import (
+    RE_ROTATE_ROWS,
     RopeTable,
     apply_rope,
     cos_sin,
@@ -124,6 +125,13 @@ def test_rope_matches_transformers_and_rerotates(tiny: Any) -> None:
     moved = rerotate(xb, 5, 10000.0).float()
     assert (moved - apply_rope(x, pos + 5, 10000.0)).abs().max().item() <= 0.05
     assert rerotate(xb, 5, 10000.0).dtype == torch.bfloat16
+    # the plain rotate-half formula in fp32, bit for bit, over several row chunks (one delta
+    # for all rows and one per row)
+    many = torch.randn(2 * RE_ROTATE_ROWS + 77, 3, 16).to(torch.bfloat16)
+    for delta in (5, torch.arange(many.shape[0]) % 91 - 40):
+        cos, sin = cos_sin(torch.tensor([5]) if isinstance(delta, int) else delta, 16, 10000.0)
+        assert torch.equal(rerotate(many, delta, 10000.0),
+                           rope_with(many.float(), cos, sin).to(torch.bfloat16))
     # one delta for all rows (broadcast trigonometry) == that delta given per row, bit for bit
     assert torch.equal(rerotate(xb, -37, 10000.0),
                        rerotate(xb, torch.full((20,), -37), 10000.0))
