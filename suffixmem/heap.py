@@ -11,7 +11,7 @@ objects are still freed by reference counting; only garbage cycles among them wa
 heap is unfrozen.
 
 Contract:
-- ``hold()``: a component (an engine, a conversation manager) finished starting: one full
+- ``hold()``: a component that owns a model (an engine) finished starting: one full
   collection, so that start-up garbage is not frozen for good (cheap when an earlier holder
   froze most of the heap), then ``gc.freeze()``.
 - ``release()``: that component closed: the heap is unfrozen, whoever else holds it, since a
