@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from difflib import SequenceMatcher
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from suffixmem.engine.protocol import Message, Request, SamplingParams, Segment
 from suffixmem.engine.reuse.blend import BlendConfig
@@ -19,6 +22,43 @@ def test_find_runs_is_order_preserving_and_respects_min_run() -> None:
     assert find_runs(old, new, 10, min_run=8) == [ShiftRun(10, 40, 60)]
     assert find_runs(old, new, 10, min_run=61) == []
     assert find_runs(old, new, len(new)) == []
+
+
+def _difflib_runs(old: list[int], new: list[int], start: int, min_run: int) -> list[ShiftRun]:
+    """The reference ``find_runs`` reproduces: difflib's matching blocks of that size."""
+    blocks = SequenceMatcher(None, old, new[start:], autojunk=False).get_matching_blocks()
+    return [ShiftRun(start + b, a, n) for a, b, n in blocks if n >= min_run]
+
+
+@st.composite
+def _token_pairs(draw: st.DrawFn) -> tuple[list[int], list[int], int, int]:
+    """Two sequences over a small alphabet (many repeats and ties), the new one often made of
+    pieces of the old one (shifted turns), with a start and a minimum run."""
+    alphabet = draw(st.integers(1, 6))
+    tokens = st.integers(0, alphabet - 1)
+    old = draw(st.lists(tokens, max_size=90))
+    new = draw(st.lists(tokens, max_size=30))
+    for _ in range(draw(st.integers(0, 3))):
+        if old:
+            a = draw(st.integers(0, len(old) - 1))
+            at = draw(st.integers(0, len(new)))
+            new[at:at] = old[a:a + draw(st.integers(1, 40))]
+    return old, new, draw(st.integers(0, len(new))), draw(st.integers(1, 12))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_token_pairs())
+def test_find_runs_equals_difflibs_matching_blocks(case: tuple) -> None:
+    old, new, start, min_run = case
+    assert find_runs(old, new, start, min_run) == _difflib_runs(old, new, start, min_run)
+
+
+def test_find_runs_prefers_the_longest_then_earliest_run() -> None:
+    # 0..9 occurs twice in old; the longer occurrence wins, then the earliest one breaks ties
+    old = [*range(10), 77, *range(12), *range(10)]
+    new = list(range(12))
+    assert find_runs(old, new, 0, 5) == [ShiftRun(0, 11, 12)]
+    assert find_runs(list(range(10)) * 2, list(range(10)), 0, 5) == [ShiftRun(0, 0, 10)]
 
 
 def test_subtract_keeps_long_enough_pieces() -> None:
