@@ -119,6 +119,19 @@ def test_fast_plain_text_ids_equal_the_tokenizers_own(template: ChatTemplate, to
     assert template.text_ids(text) == expected
 
 
+def test_piece_ids_are_text_ids_kept_in_the_content_cache(template: ChatTemplate) -> None:
+    passage = "The json module encodes and decodes JSON. <|im_end|> stays plain text here."
+    before = template.cached_bytes
+    ids = template.piece_ids(passage)
+    assert ids == template.text_ids(passage)
+    assert template.cached_bytes > before  # remembered
+    ids.append(-1)  # the caller's list is a copy: the cached entry is unchanged
+    after = template.cached_bytes
+    assert template.piece_ids(passage) == template.text_ids(passage)
+    assert template.cached_bytes == after  # a hit adds nothing
+    assert template.piece_ids("") == []
+
+
 def test_plain_backend_is_refused_when_it_differs(tokenizer) -> None:  # type: ignore[no-untyped-def]
     # a backend that disagrees with the tokenizer on a probe is not used: the tokenizer's call is
     from suffixmem import chat_template

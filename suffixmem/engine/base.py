@@ -119,8 +119,9 @@ class BaseEngine(ABC):
         return self.template.render(messages, add_generation_prompt)
 
     def tokenize(self, text: str) -> list[int]:
-        """Ids of ``text`` as plain text: special-token strings in it are split, not parsed."""
-        return self.template.text_ids(text)
+        """Ids of ``text`` as plain text: special-token strings in it are split, not parsed.
+        Cached (``ChatTemplate.piece_ids``): layouts tokenize the same passages every turn."""
+        return self.template.piece_ids(text)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
