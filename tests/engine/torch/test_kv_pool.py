@@ -63,6 +63,13 @@ def test_move_equals_read_rotate_write(kv_heads: int, head_dim: int,
     plain.move(src, dst)
     assert torch.equal(plain.k, expect_k) and torch.equal(plain.v, expect_v)
 
+    none = torch.tensor([], dtype=torch.long)  # nothing to move (a hook that reuses nothing)
+    plain.move(none, none)
+    k, v = plain.read(none)
+    assert k.shape == (3, 0, kv_heads, head_dim) == v.shape
+    plain.write_all(none, k, v)
+    assert torch.equal(plain.k, expect_k) and torch.equal(plain.v, expect_v)
+
 
 def test_rerotate_in_place_equals_a_new_tensor() -> None:
     g = torch.Generator().manual_seed(1)
