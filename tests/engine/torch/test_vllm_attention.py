@@ -63,6 +63,34 @@ def test_a_head_size_the_kernel_lacks_leaves_sdpa() -> None:
     assert VllmAttention.load(4, 2, 16) is None
 
 
+def test_with_the_kernel_a_prefix_hit_does_not_change_exact_logits(model_path: Any) -> None:
+    """Batch invariance: with the kernel every prefill query's attention is the same whichever
+    queries share the call, so a warm turn's logits equal a cold prefill's bit for bit, for
+    a few new tokens (<= SMALL_QUERY, once a separate batched-matmul path that rounded
+    differently: a warm 20-token turn diverged from the cold run after 17 tokens) and for many."""
+    from suffixmem.engine.torch.kv_pool import KVPool
+    from suffixmem.engine.torch.llama import SMALL_QUERY, Llama
+    from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
+
+    model = Llama.from_pretrained(model_path, torch.bfloat16)
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(100, 40000, (700,), generator=gen).tolist()
+    table = list(range(48))
+    # (one new token is a decode step: another path, see docs/torch-engine.md's limits)
+    for cached in (700 - 2, 700 - 5, 700 - SMALL_QUERY, 700 - SMALL_QUERY - 1, 350):
+        cold_pool = KVPool(30, 3, 64, 16, 48, torch.bfloat16)
+        cold = ModelRunner(model, cold_pool, 768).forward(
+            [SeqInput(ids, range(700), table, 700)]).logits[-1]
+        pool = KVPool(30, 3, 64, 16, 48, torch.bfloat16)
+        runner = ModelRunner(model, pool, 768)
+        runner.forward([SeqInput(ids[:cached], range(cached), table, cached,
+                                 want_logits=False)])
+        warm = runner.forward([SeqInput(ids[cached:], range(cached, 700), table,
+                                        700)]).logits[-1]
+        assert torch.equal(warm, cold), f"{700 - cached} new tokens"
+        assert torch.equal(pool.k[:, :700], cold_pool.k[:, :700])  # the same K/V stored
+
+
 @pytest.mark.slow
 def test_runner_prefill_with_the_kernel_matches_sdpa_cold_and_warm(model_path: Any) -> None:
     """The real model in bf16 through ``ModelRunner``: the last-token logits of a cold prefill,
