@@ -293,8 +293,8 @@ class Llama:
         queries). Otherwise, in bf16, queries at ascending positions over keys at ``0 .. Nk-1``
         (a prefill, a chunk of one, a warm turn's new tokens, the tokens recomputed between
         reused spans) go to vLLM's CPU kernel (``vllm_attention``) when it is installed and
-        ``kernel``: a query's result is then the same whichever queries share the call, so
-        exact output does not depend on what the prefix cache held. Everything else runs SDPA
+        ``kernel`` (a query's result then mostly does not depend on which queries share the
+        call: docs/torch-engine.md). Everything else runs SDPA
         (its causal fast path when the queries are exactly the keys in order: transformers' own
         call, bit for bit) or, for up to ``SMALL_QUERY`` queries, batched matmuls.
         """
@@ -302,12 +302,12 @@ class Llama:
         nq, nk = q.shape[0], k.shape[0]
         if entropy:
             return self._attend_explicit(q, k, v, q_pos, k_pos)
-        # Any count of queries: the kernel gives each query the same result whichever other
-        # queries share its call (a cold prefill, a warm turn's few new tokens, a stretch, a
-        # decode step), so exact mode's output does not depend on what the prefix cache held;
-        # the batched-matmul path below for <= SMALL_QUERY queries rounded differently, and a
-        # warm turn of 20 new tokens diverged from the cold run (it is also slower from 4
-        # queries on: 0.35 vs 0.50 ms for 32 queries over 1,100 keys on the AMD EPYC host).
+        # Any count of queries. The kernel mostly gives a query the same result whichever
+        # other queries share its call (a warm turn's few new tokens then equal the cold run's;
+        # tested), where the batched-matmul path below for <= SMALL_QUERY queries always
+        # rounded differently (a warm turn of 20 new tokens diverged from the cold run) and is
+        # slower from 4 queries on (0.35 vs 0.50 ms for 32 queries over 1,100 keys, AMD EPYC
+        # host). "Mostly": its key tiling depends on the query count (docs/torch-engine.md).
         if kernel and self.vllm_attention is not None and _is_range(k_pos, 0, nk):
             if _is_range(q_pos, nk - nq, nq):
                 # the last nq tokens of a context at 0..nk-1: a prefill or a chunk of one

@@ -64,10 +64,11 @@ def test_a_head_size_the_kernel_lacks_leaves_sdpa() -> None:
 
 
 def test_with_the_kernel_a_prefix_hit_does_not_change_exact_logits(model_path: Any) -> None:
-    """Batch invariance: with the kernel every prefill query's attention is the same whichever
-    queries share the call, so a warm turn's logits equal a cold prefill's bit for bit, for
-    a few new tokens (<= SMALL_QUERY, once a separate batched-matmul path that rounded
-    differently: a warm 20-token turn diverged from the cold run after 17 tokens) and for many."""
+    """Batch invariance on a 700-token prompt: with the kernel a warm turn's logits and K/V
+    equal a cold prefill's bit for bit, for a few new tokens (<= SMALL_QUERY, once a separate
+    batched-matmul path that rounded differently: a warm 20-token turn diverged from the cold
+    run after 17 tokens) and for many. (Not everywhere: the kernel's key tiling depends on the
+    query count, docs/torch-engine.md.)"""
     from suffixmem.engine.torch.kv_pool import KVPool
     from suffixmem.engine.torch.llama import SMALL_QUERY, Llama
     from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
