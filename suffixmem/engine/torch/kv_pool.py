@@ -131,11 +131,10 @@ class KVPool:
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """All layers' K and V at ``slots [N]``: two ``[L, N, KV, D]`` copies."""
-        n = slots.shape[0]
-        return (self._words(self.k).index_select(1, slots).view(self.dtype).view(
-                    self.num_layers, n, self.num_kv_heads, self.head_dim),
-                self._words(self.v).index_select(1, slots).view(self.dtype).view(
-                    self.num_layers, n, self.num_kv_heads, self.head_dim))
+        shape = (self.num_layers, slots.shape[0], self.num_kv_heads, self.head_dim)
+        k, v = (self._words(t).index_select(1, slots).view(self.dtype).view(shape)
+                for t in (self.k, self.v))
+        return k, v
 
     def write_all(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store all layers' ``k, v [L, N, KV, D]`` at ``slots [N]``."""
