@@ -48,11 +48,15 @@ def kept_database(folder: Path, name: str) -> Path:
 class SuffixmemChat(ChatConfig):
     """``ConversationManager`` + an engine (``vllm`` or ``torch``). ``segments`` builds the
     engine with its segment cache (``EngineConfig.segment_reuse``) and asks the manager for
-    approximate reuse (``ManagerConfig(exact=False)``)."""
+    approximate reuse (``ManagerConfig(exact=False)``). ``shared_engine``: run on that engine
+    (built with this configuration's flags by the caller; ``bench paired``) instead of building
+    one; it is then not closed here. Sessions are ``PREFIX-i`` (``session_prefix``), so a new
+    prefix gives new cache salts."""
 
     def __init__(self, name: str, engine: str, options: EngineOptions, *,
                  segments: bool = False, engine_flags: dict[str, Any] | None = None,
-                 manager_flags: dict[str, Any] | None = None) -> None:
+                 manager_flags: dict[str, Any] | None = None, shared_engine: Any = None,
+                 session_prefix: str = "bench") -> None:
         from suffixmem.conversation.manager import ConversationManager
         from suffixmem.engine import create_engine
 
@@ -68,9 +72,11 @@ class SuffixmemChat(ChatConfig):
             flags["kv_tier"] = True
             if options.state_dir:
                 flags["kv_tier_dir"] = str(Path(options.state_dir) / "kv")
-        self.engine = create_engine(engine, model=options.model,
-                                    max_model_len=options.max_model_len,
-                                    kv_cache_gib=options.kv_cache_gib, **flags)
+        self._owns_engine = shared_engine is None
+        self.session_prefix = session_prefix
+        self.engine = shared_engine if shared_engine is not None else create_engine(
+            engine, model=options.model, max_model_len=options.max_model_len,
+            kv_cache_gib=options.kv_cache_gib, **flags)
         if segments and getattr(self.engine, "reuse", None) is None:
             raise ModuleNotFoundError(f"the {engine} engine did not install segment reuse",
                                       name="suffixmem.engine.reuse.hook")
@@ -106,6 +112,7 @@ class SuffixmemChat(ChatConfig):
 
     def _wrap_stream(self) -> None:
         inner: Callable[[Any], Iterator[Any]] = self.engine.stream
+        self._unwrapped = self.engine.__dict__.get("stream")  # an outer wrapper, if any
         local = self._recorded
         engine = self.engine
 
@@ -125,7 +132,8 @@ class SuffixmemChat(ChatConfig):
         self._recorded_ids = recorded_ids
 
     def open(self, session: int, system_prompt: str) -> None:
-        info = self.manager.open_session(f"bench-{session}", title=f"bench session {session}",
+        info = self.manager.open_session(f"{self.session_prefix}-{session}",
+                                         title=f"bench session {session}",
                                          system_prompt=system_prompt or None)
         self.sessions[session] = info.id
 
@@ -195,7 +203,12 @@ class SuffixmemChat(ChatConfig):
         try:
             self.manager.close()
         finally:
-            self.engine.close()
+            if self._owns_engine:
+                self.engine.close()
+            elif self._unwrapped is not None:  # the engine outlives this configuration
+                self.engine.stream = self._unwrapped
+            else:
+                del self.engine.stream
             self._tmp.cleanup()
 
 

@@ -197,17 +197,20 @@ class VLLMHistory(ChatConfig):
     gives its sessions, so the two compare like for like.
     It runs on suffixmem's ``VLLMEngine`` driver so that the engine settings, the streaming path
     and the TTFT clock are the same as suffixmem_vllm's: the difference between the two is what
-    the conversation manager adds or costs.
+    the conversation manager adds or costs. ``engine``: run on that engine (``bench paired``
+    shares one between this and a suffixmem configuration) instead of building one; it is
+    then not closed here. The salt of a session is ``NAME-SESSION``: a new name, new salts.
     """
 
     def __init__(self, name: str, options: EngineOptions, *, prefix_caching: bool,
-                 salted: bool = False) -> None:
+                 salted: bool = False, engine: Any = None) -> None:
         from suffixmem.engine import create_engine
 
         self.name = name
         self.salted = salted
         self.options = options
-        self.engine = create_engine(
+        self._owns_engine = engine is None
+        self.engine = engine if engine is not None else create_engine(
             "vllm", model=options.model, max_model_len=options.max_model_len,
             kv_cache_gib=options.kv_cache_gib, enable_prefix_caching=prefix_caching,
             **vllm_pool_extra(options),
@@ -260,7 +263,8 @@ class VLLMHistory(ChatConfig):
         }
 
     def close(self) -> None:
-        self.engine.close()
+        if self._owns_engine:
+            self.engine.close()
 
 
 class _FirstTokenClock:

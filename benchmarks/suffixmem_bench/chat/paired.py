@@ -1,0 +1,276 @@
+"""Stock vLLM's chat path against suffixmem's on one engine, turn by turn: ``suffixmem bench
+paired``.
+
+``bench chat`` builds each configuration in a process of its own and alternates whole rounds;
+its configurations' TTFT medians move by 5-20% between rounds, so a difference of a few percent
+between suffixmem over vLLM and stock vLLM (issue 19's 1.03x) falls inside that spread and its
+verdict flips between runs. This command takes the process, the engine and the machine's drift
+out of the comparison: one embedded vLLM engine (``VLLMEngine``, one object) serves two arms in
+one process:
+
+- ``stock``: ``peers.VLLMHistory`` with a cache salt per session (``vllm_direct_salted``): the
+  chat template over the text history, re-tokenized every turn, as a framework sends it;
+- ``suffixmem``: ``configs.SuffixmemChat`` (``ConversationManager`` over that engine, SQLite in
+  a temporary folder, isolation ``session``: a salt per session).
+
+Every turn of the workload runs in both arms back to back, the first arm alternating turn by
+turn and between rounds (A/B, B/A, ...: ``measure``'s interleaving at the finest grain). After
+a suffixmem turn its manager's queued bookkeeping (commit, topic update) is flushed, untimed, so
+it never lands in the stock arm's turn (``bench chat`` shows what it costs the manager's own
+next turn). Each round opens new sessions under new salts, so no round reuses an earlier one's
+blocks and no arm the other's.
+
+Report (JSON): per arm ``ttft_p50_ms`` and ``ttft_p50_from_turn8_ms`` (median with min-max over
+rounds), ``pre_engine_ms_p50`` (the call to the moment the engine gets the request: the stock
+arm's template rendering and tokenization, the manager's read, plan and checks),
+``latency_p50_ms``, ``prompt_tokens`` and ``cached_tokens``; for suffixmem also
+``manager_overhead_ms`` p50/p99. ``paired``: over turns from turn 8, the median of suffixmem's
+TTFT over stock's on the same turn (``ttft_ratio_p50``) and of their difference, each also by
+which arm went first, and the ratio of the two arms' TTFT p50 per round; ``target``: issue 19's
+1.03x on ``ttft_ratio_p50``. ``same_prompts``: the share of turns whose prompts had the same
+length in both arms (the layouts agree on a plain chat). Plus ``RunContext``'s fields.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from suffixmem_bench.chat.peers import EngineOptions, TurnOutcome, VLLMHistory, vllm_pool_extra
+from suffixmem_bench.chat.workload import Workload, schedule
+from suffixmem_bench.measure import check_repeats, spread
+
+ARMS: tuple[str, ...] = ("stock", "suffixmem")
+LATE_TURN = 8  # issue 19's figure: TTFT from turn 8 on (1-based), once histories are long
+TARGET = 1.03
+
+
+def _p(values: Sequence[float], q: float) -> float:
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+class _EntryClock:
+    """Wraps ``engine.stream`` to note when each request reaches the engine."""
+
+    def __init__(self, engine: Any) -> None:
+        self.at = 0.0
+        inner: Callable[[Any], Iterator[Any]] = engine.stream
+
+        def stream(request: Any) -> Iterator[Any]:
+            self.at = time.perf_counter()
+            return inner(request)
+
+        self._outer = engine.__dict__.get("stream")
+        engine.stream = stream
+
+    def remove(self, engine: Any) -> None:
+        if self._outer is None:
+            del engine.stream
+        else:
+            engine.stream = self._outer
+
+
+def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
+               progress: Callable[[int, int], None] | None = None, late_turn: int = LATE_TURN,
+               engine: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run ``workload`` (round robin) in both arms on one vLLM engine for ``repeats`` rounds;
+    returns (the report without ``RunContext`` fields, one record per arm and turn).
+    ``progress(done, total)`` is called after each turn pair; ``late_turn``: see
+    ``summarize``. ``engine``: a ``VLLMEngine`` to run on (left open) instead of one built from
+    ``options``."""
+    from suffixmem.engine import create_engine
+    from suffixmem_bench.chat.configs import SuffixmemChat
+
+    check_repeats(repeats)
+    owned = engine is None
+    if engine is None:
+        engine = create_engine("vllm", model=options.model, max_model_len=options.max_model_len,
+                               kv_cache_gib=options.kv_cache_gib, **vllm_pool_extra(options))
+    clock = _EntryClock(engine)
+    order = schedule(workload)
+    records: list[dict[str, Any]] = []
+    try:
+        for r in range(repeats):
+            arms: dict[str, Any] = {
+                "stock": VLLMHistory(f"stock-r{r}", options, prefix_caching=True,
+                                     salted=True, engine=engine),
+                "suffixmem": SuffixmemChat("suffixmem_vllm", "vllm", options,
+                                           shared_engine=engine,
+                                           session_prefix=f"paired-r{r}"),
+            }
+            try:
+                for s in range(workload.num_sessions):
+                    for arm in arms.values():
+                        arm.open(s, workload.system_prompt_of(s))
+                for i, (s, t) in enumerate(order):
+                    first = ARMS[(i + r) % 2]
+                    for name in (first, *(a for a in ARMS if a != first)):
+                        t0 = time.perf_counter()
+                        out: TurnOutcome = arms[name].turn(s, workload.sessions[s][t])
+                        records.append(_record(name, r, s, t, first == name, out,
+                                               (clock.at - t0) * 1000))
+                        if name == "suffixmem":
+                            arms[name].manager.flush()  # untimed (module docstring)
+                    if progress is not None:
+                        progress(r * len(order) + i + 1, repeats * len(order))
+            finally:
+                for arm in arms.values():
+                    arm.close()
+    finally:
+        clock.remove(engine)
+        if owned:
+            engine.close()
+    return summarize(records, workload, repeats, late_turn), records
+
+
+def _record(arm: str, rnd: int, session: int, turn: int, first: bool, out: TurnOutcome,
+            pre_ms: float) -> dict[str, Any]:
+    return {"arm": arm, "round": rnd, "session": session, "turn": turn + 1, "first": first,
+            "ttft_ms": out.ttft_s * 1000, "latency_ms": out.latency_s * 1000,
+            "pre_engine_ms": pre_ms, "prompt_tokens": len(out.prompt_ids),
+            "cached_tokens": out.cached_tokens, "output_tokens": len(out.reply_ids),
+            "manager_overhead_ms": out.manager_overhead_ms}
+
+
+def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: int,
+              late_turn: int = LATE_TURN) -> dict[str, Any]:
+    """The report of ``run_paired`` from its records (module docstring); the late figures
+    count turns from ``late_turn`` (1-based) on, still named ``..._from_turn8_...``."""
+    arms: dict[str, Any] = {}
+    for name in ARMS:
+        mine = [x for x in records if x["arm"] == name]
+        per_round = [[x for x in mine if x["round"] == r] for r in range(repeats)]
+        row: dict[str, Any] = {
+            "ttft_p50_ms": spread([_median([x["ttft_ms"] for x in rr]) for rr in per_round]),
+            "ttft_p50_from_turn8_ms": spread([
+                _median([x["ttft_ms"] for x in rr if x["turn"] >= late_turn])
+                for rr in per_round]),
+            "pre_engine_ms_p50": _median([x["pre_engine_ms"] for x in mine]),
+            "latency_p50_ms": _median([x["latency_ms"] for x in mine]),
+            "prompt_tokens": sum(x["prompt_tokens"] for x in mine),
+            "cached_tokens": sum(x["cached_tokens"] for x in mine),
+        }
+        overheads = [x["manager_overhead_ms"] for x in mine
+                     if x["manager_overhead_ms"] is not None]
+        if overheads:
+            row["manager_overhead_ms_p50"] = _median(overheads)
+            row["manager_overhead_ms_p99"] = _p(overheads, 0.99)
+        arms[name] = row
+    key = {(x["arm"], x["round"], x["session"], x["turn"]): x for x in records}
+    pairs = [(key[("stock", r, s, t)], x) for (a, r, s, t), x in key.items()
+             if a == "suffixmem" and ("stock", r, s, t) in key]
+    late = [(st, ours) for st, ours in pairs if ours["turn"] >= late_turn]
+
+    def ratio(sel: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> float:
+        return _median([ours["ttft_ms"] / st["ttft_ms"] for st, ours in sel])
+
+    def diff(sel: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> float:
+        return _median([ours["ttft_ms"] - st["ttft_ms"] for st, ours in sel])
+
+    ours_first = [p for p in late if p[1]["first"]]
+    stock_first = [p for p in late if not p[1]["first"]]
+    value = ratio(late)
+    per_round = [arms["suffixmem"]["ttft_p50_from_turn8_ms"]["runs"][r]
+                 / arms["stock"]["ttft_p50_from_turn8_ms"]["runs"][r]
+                 for r in range(len(arms["stock"]["ttft_p50_from_turn8_ms"]["runs"]))]
+    return {
+        "workload": {"name": workload.name, "sessions": workload.num_sessions,
+                     "turns": workload.num_turns, "max_tokens": workload.max_tokens,
+                     "system_tokens": workload.system_tokens, "repeats": repeats,
+                     "late_turn": late_turn},
+        "arms": arms,
+        "paired": {
+            "turns": len(late),
+            "ttft_ratio_p50": value, "ttft_diff_ms_p50": diff(late),
+            "suffixmem_first": {"turns": len(ours_first), "ttft_ratio_p50": ratio(ours_first),
+                                "ttft_diff_ms_p50": diff(ours_first)},
+            "stock_first": {"turns": len(stock_first), "ttft_ratio_p50": ratio(stock_first),
+                            "ttft_diff_ms_p50": diff(stock_first)},
+            "round_ratios": per_round,
+        },
+        "target": {"what": f"suffixmem TTFT / stock vLLM's on the same turn, p50 from turn "
+                           f"{late_turn}, <= {TARGET}x", "limit": TARGET, "value": value,
+                   "pass": bool(value <= TARGET)},
+        "same_prompts": statistics.fmean([float(st["prompt_tokens"] == ours["prompt_tokens"])
+                                 for st, ours in pairs]) if pairs else float("nan"),
+    }
+
+
+def register(bench: Any) -> None:
+    """Add ``suffixmem bench paired`` to the CLI's ``bench`` group."""
+    import typer
+
+    @bench.command("paired")
+    def paired(
+        sessions: int = typer.Option(4, min=1, help="Sessions."),
+        turns: int = typer.Option(10, min=1, help="Turns per session."),
+        max_tokens: int = typer.Option(32, min=1, help="Reply length limit, tokens."),
+        system_tokens: int = typer.Option(300, min=0, help="System prompt size, tokens."),
+        model: str | None = typer.Option(None, help="Model (default: suffixmem's default)."),
+        max_model_len: int = typer.Option(4096, help="Context window."),
+        kv_cache_gib: float = typer.Option(1.0, help="KV pool (GiB) of the shared engine."),
+        threads: int | None = typer.Option(None, help="CPU threads (default: all cores)."),
+        repeats: int = typer.Option(3, min=3, help="Rounds (>= 3)."),
+        out: str = typer.Option("results/paired", help="Folder for report.json and "
+                                "turns.jsonl."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    ) -> None:
+        """Stock vLLM's chat path vs suffixmem's on one engine, interleaved turn by turn."""
+        import json
+        import os
+        from pathlib import Path
+
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        from suffixmem.config import DEFAULT_MODEL
+        from suffixmem_bench.chat.run import token_counter
+        from suffixmem_bench.chat.workload import build_workload
+        from suffixmem_bench.measure import RunContext, set_threads
+
+        model = model or DEFAULT_MODEL
+        n_threads = set_threads(threads or os.cpu_count() or 1)
+        options = EngineOptions(model=model, max_model_len=max_model_len,
+                                kv_cache_gib=kv_cache_gib, max_tokens=max_tokens,
+                                threads=n_threads)
+        workload = build_workload(sessions=sessions, turns=turns, max_tokens=max_tokens,
+                                  system_tokens=system_tokens, count=token_counter(model))
+        err = Console(stderr=True)
+        with RunContext(n_threads) as ctx, Progress(
+                "paired", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=err) as bar:
+            task = bar.add_task("turns", total=repeats * sessions * turns)
+            report, records = run_paired(
+                workload, options, repeats,
+                progress=lambda done, _total: bar.update(task, completed=done))
+        report.update(ctx.fields())
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(report, indent=2, default=float)
+        (folder / "report.json").write_text(text + "\n", encoding="utf-8")
+        with (folder / "turns.jsonl").open("w", encoding="utf-8") as f:
+            for x in records:
+                f.write(json.dumps(x) + "\n")
+        if as_json:
+            print(text)
+            return
+        p, t = report["paired"], report["target"]
+        for name in ARMS:
+            a = report["arms"][name]
+            err.print(f"{name:9s} TTFT p50 from turn {LATE_TURN}: "
+                      f"{a['ttft_p50_from_turn8_ms']['median']:.1f} ms "
+                      f"[{a['ttft_p50_from_turn8_ms']['min']:.1f}-"
+                      f"{a['ttft_p50_from_turn8_ms']['max']:.1f}], before the engine "
+                      f"{a['pre_engine_ms_p50']:.2f} ms")
+        err.print(f"paired: suffixmem/stock TTFT {p['ttft_ratio_p50']:.3f} "
+                  f"({p['ttft_diff_ms_p50']:+.2f} ms) over {p['turns']} turns: "
+                  + ("pass" if t["pass"] else "FAIL") + f" (<= {t['limit']}x)")
