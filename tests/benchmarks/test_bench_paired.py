@@ -23,6 +23,7 @@ def _rec(arm: str, rnd: int, turn: int, ttft: float, first: bool, prompt: int = 
          overhead: float | None = None) -> dict:
     return {"arm": arm, "round": rnd, "session": 0, "turn": turn, "first": first,
             "ttft_ms": ttft, "latency_ms": ttft + 100, "pre_engine_ms": 1.0,
+            "engine_ttft_ms": ttft - 2,
             "prompt_tokens": prompt, "cached_tokens": 64, "output_tokens": 4,
             "manager_overhead_ms": overhead}
 
@@ -99,6 +100,7 @@ def test_tiny_paired_run_on_one_engine(vllm_engine: Any) -> None:
                 assert by_key[("suffixmem", r, s, t)]["cached_tokens"] > 0
     for x in records:
         assert 0 < x["pre_engine_ms"] < x["ttft_ms"]
+        assert 0 < x["engine_ttft_ms"] <= x["ttft_ms"] - x["pre_engine_ms"]
         assert (x["manager_overhead_ms"] is None) == (x["arm"] == "stock")
     firsts = {(x["round"], x["session"], x["turn"]) for x in records
               if x["arm"] == "suffixmem" and x["first"]}

@@ -23,6 +23,7 @@ blocks and no arm the other's.
 Report (JSON): per arm ``ttft_p50_ms`` and ``ttft_p50_from_turn8_ms`` (median with min-max over
 rounds), ``pre_engine_ms_p50`` (the call to the moment the engine gets the request: the stock
 arm's template rendering and tokenization, the manager's read, plan and checks),
+``engine_ttft_ms_p50`` (the engine's own clock, from its stream's start to the first token),
 ``latency_p50_ms``, ``prompt_tokens`` and ``cached_tokens``; for suffixmem also
 ``manager_overhead_ms`` p50/p99. ``paired``: over turns from turn 8, the median of suffixmem's
 TTFT over stock's on the same turn (``ttft_ratio_p50``) and of their difference, each also by
@@ -136,7 +137,10 @@ def _record(arm: str, rnd: int, session: int, turn: int, first: bool, out: TurnO
             pre_ms: float) -> dict[str, Any]:
     return {"arm": arm, "round": rnd, "session": session, "turn": turn + 1, "first": first,
             "ttft_ms": out.ttft_s * 1000, "latency_ms": out.latency_s * 1000,
-            "pre_engine_ms": pre_ms, "prompt_tokens": len(out.prompt_ids),
+            "pre_engine_ms": pre_ms,
+            "engine_ttft_ms": (out.engine_ttft_s * 1000 if out.engine_ttft_s is not None
+                               else float("nan")),
+            "prompt_tokens": len(out.prompt_ids),
             "cached_tokens": out.cached_tokens, "output_tokens": len(out.reply_ids),
             "manager_overhead_ms": out.manager_overhead_ms}
 
@@ -155,6 +159,7 @@ def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: in
                 _median([x["ttft_ms"] for x in rr if x["turn"] >= late_turn])
                 for rr in per_round]),
             "pre_engine_ms_p50": _median([x["pre_engine_ms"] for x in mine]),
+            "engine_ttft_ms_p50": _median([x["engine_ttft_ms"] for x in mine]),
             "latency_p50_ms": _median([x["latency_ms"] for x in mine]),
             "prompt_tokens": sum(x["prompt_tokens"] for x in mine),
             "cached_tokens": sum(x["cached_tokens"] for x in mine),
