@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from suffixmem_bench.chat.metrics import percentile
 from suffixmem_bench.chat.peers import EngineOptions, TurnOutcome, VLLMHistory, vllm_pool_extra
 from suffixmem_bench.chat.workload import Workload, schedule
 from suffixmem_bench.measure import check_repeats, spread
@@ -48,15 +49,8 @@ LATE_TURN = 8  # issue 19's figure: TTFT from turn 8 on (1-based), once historie
 TARGET = 1.03
 
 
-def _p(values: Sequence[float], q: float) -> float:
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
-
-
 def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+    return percentile(values, 50)  # NaN for no values, as bench chat's figures
 
 
 class _EntryClock:
@@ -113,11 +107,11 @@ def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
                     for arm in arms.values():
                         arm.open(s, workload.system_prompt_of(s))
                 for i, (s, t) in enumerate(order):
-                    first = ARMS[(i + r) % 2]
-                    for name in (first, *(a for a in ARMS if a != first)):
+                    turn_order = ARMS if (i + r) % 2 == 0 else ARMS[::-1]
+                    for name in turn_order:
                         t0 = time.perf_counter()
                         out: TurnOutcome = arms[name].turn(s, workload.sessions[s][t])
-                        records.append(_record(name, r, s, t, first == name, out,
+                        records.append(_record(name, r, s, t, turn_order[0] == name, out,
                                                (clock.at - t0) * 1000))
                         if name == "suffixmem":
                             arms[name].manager.flush()  # untimed (module docstring)
@@ -168,7 +162,7 @@ def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: in
                      if x["manager_overhead_ms"] is not None]
         if overheads:
             row["manager_overhead_ms_p50"] = _median(overheads)
-            row["manager_overhead_ms_p99"] = _p(overheads, 0.99)
+            row["manager_overhead_ms_p99"] = percentile(overheads, 99)
         arms[name] = row
     key = {(x["arm"], x["round"], x["session"], x["turn"]): x for x in records}
     pairs = [(key[("stock", r, s, t)], x) for (a, r, s, t), x in key.items()
