@@ -14,7 +14,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from suffixmem_bench.chat.peers import (
     kv_bytes_per_token,
     vllm_held_blocks,
     vllm_pool_extra,
+    wrap_stream,
 )
 
 KEEP_DB_ENV = "SUFFIXMEM_BENCH_KEEP_DB"
@@ -111,24 +112,21 @@ class SuffixmemChat(ChatConfig):
         self.texts: dict[int, list[Any]] = {}
 
     def _wrap_stream(self) -> None:
-        inner: Callable[[Any], Iterator[Any]] = self.engine.stream
-        self._unwrapped = self.engine.__dict__.get("stream")  # an outer wrapper, if any
         local = self._recorded
         engine = self.engine
 
-        def stream(request: Any) -> Iterator[Any]:
+        def record(request: Any) -> None:
             if request.token_ids is not None:
                 local.prompt_ids = list(request.token_ids)
             else:
                 local.prompt_ids = None
                 local.messages = request.messages
-            return inner(request)
 
         def recorded_ids() -> list[int]:
             ids = getattr(local, "prompt_ids", None)
             return ids if ids is not None else engine.render(local.messages)
 
-        self.engine.stream = stream  # type: ignore[method-assign]
+        self._unwrap = wrap_stream(engine, record)
         self._recorded_ids = recorded_ids
 
     def open(self, session: int, system_prompt: str) -> None:
@@ -205,10 +203,8 @@ class SuffixmemChat(ChatConfig):
         finally:
             if self._owns_engine:
                 self.engine.close()
-            elif self._unwrapped is not None:  # the engine outlives this configuration
-                self.engine.stream = self._unwrapped
-            else:
-                del self.engine.stream
+            else:  # the engine outlives this configuration
+                self._unwrap()
             self._tmp.cleanup()
 
 

@@ -36,11 +36,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from suffixmem_bench.chat.metrics import percentile
-from suffixmem_bench.chat.peers import EngineOptions, TurnOutcome, VLLMHistory, vllm_pool_extra
+from suffixmem_bench.chat.peers import (
+    EngineOptions,
+    TurnOutcome,
+    VLLMHistory,
+    vllm_pool_extra,
+    wrap_stream,
+)
 from suffixmem_bench.chat.workload import Workload, schedule
 from suffixmem_bench.measure import check_repeats, spread
 
@@ -54,24 +60,14 @@ def _median(values: Sequence[float]) -> float:
 
 
 class _EntryClock:
-    """Wraps ``engine.stream`` to note when each request reaches the engine."""
+    """Notes when each request reaches the engine (``remove()`` takes the wrapper back)."""
 
     def __init__(self, engine: Any) -> None:
         self.at = 0.0
-        inner: Callable[[Any], Iterator[Any]] = engine.stream
+        self.remove = wrap_stream(engine, self._stamp)
 
-        def stream(request: Any) -> Iterator[Any]:
-            self.at = time.perf_counter()
-            return inner(request)
-
-        self._outer = engine.__dict__.get("stream")
-        engine.stream = stream
-
-    def remove(self, engine: Any) -> None:
-        if self._outer is None:
-            del engine.stream
-        else:
-            engine.stream = self._outer
+    def _stamp(self, _request: Any) -> None:
+        self.at = time.perf_counter()
 
 
 def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
@@ -121,7 +117,7 @@ def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
                 for arm in arms.values():
                     arm.close()
     finally:
-        clock.remove(engine)
+        clock.remove()
         if owned:
             engine.close()
     return summarize(records, workload, repeats, late_turn), records

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,28 @@ def vllm_pool_extra(options: EngineOptions, block_size: int = 32) -> dict[str, A
     per_block = block_size * kv_bytes_per_token(resolve_model(options.model, progress=False))
     return {"extra": {"num_gpu_blocks_override": max(1, int(options.kv_cache_gib * (1 << 30))
                                                      // per_block)}}
+
+
+def wrap_stream(engine: Any, before: Callable[[Any], None]) -> Callable[[], None]:
+    """Make ``engine.stream(request)`` call ``before(request)`` first (outside the engine's
+    timing: the harness notes what a request held or when it arrived). Returns the undo, which
+    puts back whatever ``engine.stream`` was, an outer wrapper included: an engine shared by
+    several configurations (``bench paired``) outlives each one's wrapper."""
+    inner: Callable[[Any], Iterator[Any]] = engine.stream
+    outer = engine.__dict__.get("stream")
+
+    def stream(request: Any) -> Iterator[Any]:
+        before(request)
+        return inner(request)
+
+    def undo() -> None:
+        if outer is None:
+            del engine.stream
+        else:
+            engine.stream = outer
+
+    engine.stream = stream
+    return undo
 
 
 def kv_bytes_per_token(model_path: Path, dtype_bytes: int = 2) -> int:
