@@ -81,8 +81,6 @@ class SuffixmemChat(ChatConfig):
         if segments and getattr(self.engine, "reuse", None) is None:
             raise ModuleNotFoundError(f"the {engine} engine did not install segment reuse",
                                       name="suffixmem.engine.reuse.hook")
-        self._recorded = threading.local()
-        self._wrap_stream()
         self._tmp = tempfile.TemporaryDirectory(prefix="suffixmem-bench-")
         # The database outlives this process with a state folder (the returning workload) or
         # with KEEP_DB_ENV (``bench chat --keep-db DIR``: the segment log that
@@ -105,6 +103,9 @@ class SuffixmemChat(ChatConfig):
         # The topic detector loads on first use: load it now, so start-up pays for it rather
         # than the first turn.
         self.manager.detector()
+        # last: a configuration that failed to build leaves a shared engine's stream as it was
+        self._recorded = threading.local()
+        self._wrap_stream()
         self.sessions: dict[int, str] = {}
         # sessions whose system prompt the workload rewrites every turn (rag): the application
         # holds the message list, as a framework's chat engine does, and resends all of it
