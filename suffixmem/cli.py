@@ -22,7 +22,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from suffixmem.cli_checks import _check_database, _check_engine, _preflight, check_text
+from suffixmem.cli_checks import (
+    _check_database,
+    _check_engine,
+    _preflight,
+    check_text,
+    session_to_use,
+)
 from suffixmem.config import DEFAULT_MODEL, suffixmem_home
 from suffixmem.errors import (
     ConfigError,
@@ -86,22 +92,16 @@ def _make_manager(engine_name: str, model: str, database: str, max_model_len: in
 
 
 def _session_to_use(mgr: Any, session: str | None, new: bool) -> str | None:
-    """Resolve ``--session``/``--new``: an existing session to continue, or the id of one to
-    create (None: a fresh id). ``--session`` alone must name an existing session, so a typo
-    is an error instead of a silently created empty session."""
+    """``session_to_use`` once the manager is up (``_preflight`` checked before the engine
+    started; this catches another process creating or deleting the session meanwhile)."""
     if session is None:
         return None
-    exists = True
     try:
         mgr.get_session(session)
+        exists = True
     except UnknownSessionError:
         exists = False
-    if new and exists:
-        raise InvalidRequestError(
-            f"--session {session!r} already exists; drop --new to continue it")
-    if not new and not exists:
-        raise UnknownSessionError(session)
-    return session
+    return session_to_use(exists, session, new)
 
 
 def _turn_line(turn: Any) -> str:
@@ -156,7 +156,7 @@ def chat(
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
-    sampling, url = _preflight(engine, max_tokens, temperature, database, session)
+    sampling, url = _preflight(engine, max_tokens, temperature, database, session, new)
     if system is not None:
         check_text(system, "--system")
     if isinstance(sys.stdin, io.TextIOWrapper):
@@ -234,7 +234,7 @@ def ask(
 ) -> None:
     """One-shot question; the turn is stored (a new session unless --session names one) and
     later turns reuse its cache. A failed turn stores nothing, not even an empty session."""
-    sampling, url = _preflight(engine, max_tokens, temperature, database, session)
+    sampling, url = _preflight(engine, max_tokens, temperature, database, session, new)
     check_text(text, "the message")
     if not text.strip():
         raise InvalidRequestError("the message is empty")

@@ -1,14 +1,14 @@
 """What the command line checks before it starts an engine: every bad input costs a second,
 not an engine start-up, and fails with one line (``suffixmem.cli`` prints it and exits 2).
 Order: engine name, sampling values, session id text, SUFFIXMEM_HOME, database URL (parsed and
-opened)."""
+opened), then whether ``--session`` names a session there (``--new``: one not there yet)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from suffixmem.config import ENGINES, database_url, mask_url, suffixmem_home
-from suffixmem.errors import ConfigError, InvalidRequestError, StoreError
+from suffixmem.errors import ConfigError, InvalidRequestError, StoreError, UnknownSessionError
 
 
 def _check_engine(name: str) -> None:
@@ -68,13 +68,46 @@ def _sampling(max_tokens: int, temperature: float | None) -> dict[str, Any]:
     return sampling
 
 
+def session_to_use(exists: bool, session: str | None, new: bool) -> str | None:
+    """Resolve ``--session``/``--new`` given whether ``session`` is stored: an existing
+    session to continue, or the id of one to create (None: a fresh id). ``--session`` alone
+    must name an existing session, so a typo is an error instead of a silently created empty
+    session; ``--new`` refuses an id that is taken."""
+    if session is None:
+        return None
+    if new and exists:
+        raise InvalidRequestError(
+            f"--session {session!r} already exists; drop --new to continue it")
+    if not new and not exists:
+        raise UnknownSessionError(session)
+    return session
+
+
+def _check_session(url: str, session: str, new: bool) -> None:
+    """``session_to_use`` against the database at ``url``, before any engine starts (the
+    command checks again once its manager is up: another process may have acted since)."""
+    from suffixmem.conversation.store import Store
+
+    store = Store(url)
+    try:
+        exists = store.get_session(session) is not None
+    finally:
+        store.close()
+    session_to_use(exists, session, new)
+
+
 def _preflight(engine: str, max_tokens: int, temperature: float | None,
-               database: str | None, session: str | None) -> tuple[dict[str, Any], str]:
+               database: str | None, session: str | None, new: bool = False
+               ) -> tuple[dict[str, Any], str]:
     """Every check that needs no engine, in order: engine name, sampling values, session id
-    text, SUFFIXMEM_HOME, database URL (parsed and opened). Returns (sampling, database URL)."""
+    text, SUFFIXMEM_HOME, database URL (parsed and opened), the session (``_check_session``).
+    Returns (sampling, database URL)."""
     _check_engine(engine)
     sampling = _sampling(max_tokens, temperature)
     if session is not None:
         check_text(session, "--session")
     suffixmem_home()
-    return sampling, _check_database(database)
+    url = _check_database(database)
+    if session is not None:
+        _check_session(url, session, new)
+    return sampling, url

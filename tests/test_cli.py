@@ -152,8 +152,10 @@ def test_chat_repl_reports_undecodable_input_and_goes_on(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_unknown_session_is_an_error_not_a_new_session(tmp_path: Path) -> None:
     db = tmp_path / "db.sqlite"
+    # checked before the engine starts: a model that does not exist is never reached
+    absent = ["--engine", "torch", "--model", "/no/such/model"]
     for args in (["chat", "--session", "typo"], ["ask", "--session", "typo", "hi"]):
-        r = _run([*args, "--engine", "torch", "--max-tokens", "4"], db, stdin="hi\n/quit\n")
+        r = _run([*args, *absent, "--max-tokens", "4"], db, stdin="hi\n/quit\n")
         assert r.returncode == 2, r.stderr[-2000:]
         assert _error_lines(r) == ["error: unknown session 'typo'"]
         assert _session_rows(db) == 0
@@ -162,9 +164,12 @@ def test_unknown_session_is_an_error_not_a_new_session(tmp_path: Path) -> None:
               "hi"], db)
     assert r.returncode == 0, r.stderr[-2000:]
     assert _session_rows(db) == 1
-    r = _run(["ask", "--session", "mine", "--new", "--engine", "torch", "hi"], db)
+    r = _run(["ask", "--session", "mine", "--new", *absent, "hi"], db)
     assert r.returncode == 2 and _error_lines(r) == [
         "error: --session 'mine' already exists; drop --new to continue it"]
+    # the same model with a session that exists: now the model's own error
+    r = _run(["ask", "--session", "mine", *absent, "hi"], db)
+    assert r.returncode == 2 and "/no/such/model" in _error_lines(r)[0], r.stderr[-2000:]
 
 
 @pytest.mark.slow
