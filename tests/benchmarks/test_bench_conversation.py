@@ -66,11 +66,11 @@ def test_replay_through_the_segment_cache_counts_hits_exactly() -> None:
 def test_layout_bench_on_vllm(vllm_engine: Any) -> None:
     from suffixmem_bench.layout import run_layout
 
-    r = run_layout(turns=14, context_window=448, max_tokens=24, engine=vllm_engine)
+    r = run_layout(turns=10, context_window=320, max_tokens=16, engine=vllm_engine)
     assert r["suffixmem_evictions"] >= 1 and r["sliding_window_evictions"] >= 1
     assert r["suffixmem_evictions"] < r["sliding_window_evictions"]
     assert 0.0 <= r["sliding_window_hit_rate"] < r["suffixmem_hit_rate"] <= 1.0
-    _check_layout_figures(r, 14)
+    _check_layout_figures(r, 10)
 
 
 def _check_layout_figures(r: dict[str, Any], turns: int) -> None:
@@ -89,8 +89,8 @@ def test_layout_bench_on_torch_counts_kept_turns_and_computed_tokens() -> None:
 
     engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.25)
     try:
-        r = run_layout(turns=14, context_window=448, max_tokens=24, engine=engine)
+        r = run_layout(turns=10, context_window=320, max_tokens=16, engine=engine)
     finally:
         engine.close()
     assert r["engine"] == "torch" and r["suffixmem_evictions"] >= 1
-    _check_layout_figures(r, 14)
+    _check_layout_figures(r, 10)
