@@ -3,9 +3,10 @@ Alembic migrations shipped inside the package (``suffixmem/migrations``).
 
 Contract: ``make_engine(url)`` gives a SQLAlchemy engine with the settings the store relies on;
 ``read_engine(engine)`` the same engine for read-only transactions; ``dbapi_transaction`` one
-transaction on a pooled DBAPI connection, begun the same way; ``upgrade``/``downgrade``/
-``current_revision`` run the migrations programmatically (the folder is found from the installed
-package, never from the working directory). Every error message shows the URL with its password
+transaction on a pooled DBAPI connection, begun the same way; ``StatementReader`` one held
+SQLite connection for single-statement reads; ``upgrade``/``downgrade``/``current_revision``
+run the migrations programmatically (the folder is found from the installed package, never
+from the working directory). Every error message shows the URL with its password
 masked (``suffixmem.config.mask_url``).
 
 **SQLite transactions.** A transaction that writes starts with ``BEGIN IMMEDIATE``: it takes the
@@ -176,6 +177,54 @@ def dbapi_transaction(engine: Engine, read: bool = False,
                 raise
         finally:
             conn.close()  # back to the pool
+
+
+class StatementReader:
+    """One SQLite connection held for reads of a single statement (the per-turn session row).
+
+    A lone ``SELECT`` on a SQLite connection in autocommit mode is its own read transaction (a
+    WAL snapshot that ends with the statement), so it needs neither ``BEGIN`` nor ``COMMIT``,
+    and a connection held across turns skips the pool's checkout and check-in: together about
+    a sixth of a turn's overhead in a turn's cold caches (docs/profile.md, round 11).
+    ``rows`` returns ``None`` when the reader cannot serve (not a SQLite file, another thread
+    reading, closed, or a driver error, after which the connection is dropped): the caller then
+    reads in a transaction as before, which reports any error. PostgreSQL and in-memory SQLite
+    (one connection shared by the pool) never use it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._error = engine.dialect.loaded_dbapi.Error
+        self._usable = (engine.dialect.name == "sqlite"
+                        and engine.url.database not in (None, "", ":memory:"))
+        self._lock = threading.Lock()
+        self._conn: Any = None
+
+    def rows(self, prepared: Any, values: dict[str, Any]) -> list[Any] | None:
+        """``prepared.rows`` on the held connection, or ``None`` (class docstring)."""
+        if not self._usable or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._conn is None:
+                self._conn = self._engine.raw_connection()
+            return prepared.rows(self._conn, values)  # type: ignore[no-any-return]
+        except (DBAPIError, self._error):  # ``Prepared`` wraps the driver's errors
+            self._drop(broken=True)
+            return None
+        finally:
+            self._lock.release()
+
+    def _drop(self, broken: bool = False) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                # a broken connection is discarded; a sound one goes back to the pool
+                conn.invalidate() if broken else conn.close()
+
+    def close(self) -> None:
+        """Give the connection back; later calls return ``None``."""
+        with self._lock:
+            self._usable = False
+            self._drop()
 
 
 _WRITERS: dict[str, threading.RLock] = {}

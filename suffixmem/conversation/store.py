@@ -33,6 +33,7 @@ from sqlalchemy.pool import QueuePool
 
 from suffixmem.config import mask_url
 from suffixmem.conversation.database import (
+    StatementReader,
     dbapi_transaction,
     downgrade,
     make_engine,
@@ -92,6 +93,7 @@ class Store(TurnQueries, SegmentQueries):
         self.history_cache = HistoryCache()
         self.pending = PendingCommits()  # turns committed behind their callers (write_behind)
         self._writer = writer_lock(self.engine)  # this process's writers queue here (database)
+        self.reader = StatementReader(self.engine)  # the per-turn session row (turn_state)
         try:
             with self.engine.connect():
                 pass
@@ -172,6 +174,7 @@ class Store(TurnQueries, SegmentQueries):
 
     def close(self) -> None:
         self.pending.settle_all()
+        self.reader.close()
         self.engine.dispose()
 
     # -- sessions -------------------------------------------------------------------------------

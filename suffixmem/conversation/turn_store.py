@@ -21,6 +21,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from suffixmem.conversation.background import Job
+from suffixmem.conversation.database import StatementReader
 from suffixmem.conversation.history_cache import CachedHistory, HistoryCache
 from suffixmem.conversation.prepared import Prepared
 from suffixmem.conversation.records import (
@@ -90,6 +91,7 @@ class TurnQueries:
     history_cache: HistoryCache
     turn_sql: TurnSQL
     pending: PendingCommits
+    reader: StatementReader
 
     def _conn(self, read: bool = False) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError  # provided by Store
@@ -119,7 +121,9 @@ class TurnQueries:
 
     def turn_state(self, session_id: str) -> tuple[SessionRecord, list[StoredMessage]] | None:
         """The session and its history read in one read-only transaction (None: no such
-        session). Only messages not seen by an earlier call are read (``history_cache``)."""
+        session). Only messages not seen by an earlier call are read (``history_cache``); when
+        the session row's ``updated_at`` confirms the cached history, that row is the only
+        read (one statement, on ``reader`` where it can serve)."""
         sid = check_session_id(session_id)
         cache = self.history_cache
         projected = self.pending.projection(sid)
@@ -128,6 +132,16 @@ class TurnQueries:
             # commit will store (``commit_later``'s projection) rather than wait for it
             return projected.record, list(projected.messages)
         self.pending.settle(sid)
+        entry = cache.get(sid)
+        if entry is not None and entry.stamp is not None:
+            # the usual turn: the cached history is confirmed by the session row alone, one
+            # statement that needs no transaction of its own (``StatementReader``)
+            found = self.reader.rows(self.turn_sql.session, {"sid": sid})
+            if found and aware(found[0].updated_at) == entry.stamp:
+                cache.hits += 1
+                record = self._record(None, found[0], len(entry.messages))  # type: ignore[arg-type]
+                cache.put(sid, CachedHistory(entry.stamp, entry.messages, record))
+                return record, list(entry.messages)
         with self._conn(read=True) as s:
             # a plain row with every column: ``_record`` reads it like an ORM row
             found = self.turn_sql.session.rows(s, {"sid": sid})

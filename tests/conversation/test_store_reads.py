@@ -173,3 +173,52 @@ def test_a_commit_waits_on_the_process_lock_not_on_sqlites_busy_handler(
                       ("free", "first"), ("hold", "second"), ("free", "second")]
     assert _same_as_database(st) == ["q0", "r0", "q1", "r1"]
     st.close()
+
+
+def _checkouts(st: Store) -> list[int]:
+    from sqlalchemy import event
+
+    count = [0]
+
+    @event.listens_for(st.engine, "checkout")
+    def _on_checkout(*_: object) -> None:
+        count[0] += 1
+
+    return count
+
+
+def test_a_confirmed_history_is_read_on_the_held_connection(db_url: str) -> None:
+    """On a SQLite file the usual turn's read (the session row confirms the cached history) is
+    one statement on ``Store.reader``'s held connection: no pool checkout. Busy (another
+    thread reading) or broken, the read falls back to a transaction with the same answer; on
+    PostgreSQL every read is a transaction."""
+    st = Store(db_url)
+    sqlite = db_url.startswith("sqlite")
+    _turn(st, "q1", "r1")
+    _same_as_database(st)  # the first read fills the cache
+    st.turn_state("s")  # the reader takes its connection (SQLite)
+    checkouts = _checkouts(st)
+    hits = st.history_cache.hits
+    for _ in range(3):
+        assert [m.content for m in st.turn_state("s")[1]] == ["q1", "r1"]  # type: ignore[index]
+    assert st.history_cache.hits == hits + 3
+    assert checkouts[0] == (0 if sqlite else 3)
+    with st.reader._lock:  # another thread is reading: a transaction serves, same answer
+        assert [m.content for m in st.turn_state("s")[1]] == ["q1", "r1"]  # type: ignore[index]
+    assert checkouts[0] == (1 if sqlite else 4)
+    if sqlite:
+        st.reader._conn.driver_connection.close()  # the held connection breaks
+        assert [m.content for m in st.turn_state("s")[1]] == ["q1", "r1"]  # type: ignore[index]
+        assert checkouts[0] == 2 and st.reader._conn is None  # dropped; a transaction served
+        st.turn_state("s")
+        assert checkouts[0] == 3 and st.reader._conn is not None  # held again
+    st.close()
+    assert st.reader.rows(st.turn_sql.session, {"sid": "s"}) is None  # closed: never again
+
+
+def test_in_memory_sqlite_never_holds_its_one_connection() -> None:
+    st = Store("sqlite://")
+    _turn(st, "q", "r")
+    assert _same_as_database(st) == ["q", "r"] and _same_as_database(st) == ["q", "r"]
+    assert st.reader.rows(st.turn_sql.session, {"sid": "s"}) is None and st.reader._conn is None
+    st.close()
