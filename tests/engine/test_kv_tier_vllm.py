@@ -1,8 +1,8 @@
 """The KV tier in the embedded vLLM engine (our ``SuffixmemTierConnector``), on the real model:
 a session whose blocks left vLLM's pool is restored from the tier with bit-identical KV and the
-same greedy text; a new process restores it; a flipped byte is detected and recomputed; another
-session with the same text gets nothing; deleting the session removes its files; the tier keeps
-its byte budget."""
+same greedy text; a new process restores it; a flipped byte (in that process, its pool reset) is
+detected and recomputed; another session with the same text gets nothing; deleting the session
+removes its files; the tier keeps its byte budget."""
 
 from __future__ import annotations
 
@@ -41,23 +41,38 @@ def full_blocks(ids: list[int]) -> int:
 
 RESTORE = """
 import json, sys
+from pathlib import Path
 from suffixmem.engine import create_engine
 from suffixmem.engine.protocol import Request, SamplingParams
-tier_dir, ids, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+tier_dir, ids, out, flip = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 e = create_engine("vllm", max_model_len=1024, kv_tier=True, kv_tier_dir=tier_dir)
-r = e.generate(Request("alice", token_ids=ids, sampling=SamplingParams(max_tokens=8,
-                                                                     temperature=0.0)))
-x = e.stats().extra
-json.dump({"text": r.text, "cached": r.cached_tokens, "hits": x["tier_hits"],
-           "corrupt": x["tier_corrupt"]}, open(out, "w"))
+got, before = [], {"tier_hits": 0, "tier_corrupt": 0}
+for run in ("restored", "flipped"):
+    if run == "flipped":  # the pool forgets; one byte of the named block's file flips
+        e.reset_prefix_cache()
+        path = Path(flip)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x04
+        path.write_bytes(bytes(data))
+    r = e.generate(Request("alice", token_ids=ids, sampling=SamplingParams(max_tokens=8,
+                                                                         temperature=0.0)))
+    x = e.stats().extra
+    got.append({"text": r.text, "cached": r.cached_tokens,
+                "hits": x["tier_hits"] - before["tier_hits"],
+                "corrupt": x["tier_corrupt"] - before["tier_corrupt"]})
+    before = dict(x)
+json.dump(got, open(out, "w"))
 e.close()
 """
 
 
-def restore_in_new_process(tier_dir: Path, ids: list[int], out: Path) -> dict[str, Any]:
-    subprocess.run([sys.executable, "-c", RESTORE, str(tier_dir), json.dumps(ids), str(out)],
-                   check=True, timeout=400)
-    return json.loads(out.read_text())
+def restore_in_new_process(tier_dir: Path, ids: list[int], out: Path, flip: Path
+                           ) -> list[dict[str, Any]]:
+    """A new process restores alice's session from the tier, then, its pool reset, again with
+    one byte of ``flip`` changed first: each run's text, cached tokens and tier counts."""
+    subprocess.run([sys.executable, "-c", RESTORE, str(tier_dir), json.dumps(ids), str(out),
+                    str(flip)], check=True, timeout=400)
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
 def test_vllm_tier_restore_isolation_restart_corruption_delete(tmp_path: Path) -> None:
@@ -92,11 +107,7 @@ def test_vllm_tier_restore_isolation_restart_corruption_delete(tmp_path: Path) -
     finally:
         engine.close()
 
-    got = restore_in_new_process(tier_dir, ids, tmp_path / "restored.json")
-    assert got == {"text": first.text, "cached": full_blocks(ids),
-                   "hits": full_blocks(ids) // BS, "corrupt": 0}
-
-    # one flipped byte in alice's third block: two blocks load, the rest is recomputed
+    # alice's third block, whose file the new process damages after its first restore
     files = {f.name: f for f in (tier_dir).rglob("*.kv")}
     from suffixmem.engine.kv_tier import KVTier
 
@@ -109,10 +120,10 @@ def test_vllm_tier_restore_isolation_restart_corruption_delete(tmp_path: Path) -
             third = f
     assert third is not None and len(probe) == len(files)
     original = third.read_bytes()
-    data = bytearray(original)
-    data[len(data) // 2] ^= 0x04
-    third.write_bytes(bytes(data))
-    got = restore_in_new_process(tier_dir, ids, tmp_path / "flipped.json")
-    assert got == {"text": first.text, "cached": 2 * BS, "hits": 2, "corrupt": 1}
+    restored, flipped = restore_in_new_process(tier_dir, ids, tmp_path / "runs.json", third)
+    assert restored == {"text": first.text, "cached": full_blocks(ids),
+                        "hits": full_blocks(ids) // BS, "corrupt": 0}
+    # one flipped byte in alice's third block: two blocks load, the rest is recomputed
+    assert flipped == {"text": first.text, "cached": 2 * BS, "hits": 2, "corrupt": 1}
     # the damaged file was deleted, the block recomputed and written again: bit-identical
     assert third.read_bytes() == original
