@@ -23,8 +23,10 @@ Where the context's K/V come from (``KVSource``), cheapest first:
 
 Where vLLM's CPU attention kernel is installed (bf16, not ``exact``), ``paged_mirror.PagedMirror``
 comes first: the same kind of copy in the kernel's paged layout, attended without padding,
-~4x faster than the padded SDPA call for a ragged batch. It rounds differently from the layer
-primitives, so the bit-for-bit agreement above holds for the other sources.
+~4x faster than the padded SDPA call for a ragged batch. Its steps also run the layers'
+elementwise work through vLLM's fused kernels (``fused.FusedOps``: 4 calls a layer instead of
+~27). Both round differently from the layer primitives, so the bit-for-bit agreement above
+holds for the other sources.
 
 Shapes: ``B`` sequences, ``L`` layers, ``H`` query heads, ``KV`` key/value heads, ``R = H/KV``,
 ``D`` head dim, ``E`` hidden size, ``T`` context length of the longest sequence.
@@ -38,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from suffixmem.engine.torch.attention import one_query
+from suffixmem.engine.torch.fused import FusedOps
 from suffixmem.engine.torch.kv_pool import KVPool
 from suffixmem.engine.torch.llama import Llama, rms_norm
 from suffixmem.engine.torch.rope import RopeTable
@@ -250,6 +253,8 @@ class Decoder:
             from suffixmem.engine.torch.paged_mirror import PagedMirror
 
             self.paged = PagedMirror(pool, model.vllm_attention, model.scale, budget, positions)
+        # vLLM's elementwise kernels, for the steps PagedMirror serves (fused.py)
+        self.fused = FusedOps.load(model, rope) if self.paged is not None else None
         self.last_source = ""  # which KVSource served the last step (tests, profiling)
 
     def invalidate(self) -> None:
@@ -287,6 +292,8 @@ class Decoder:
         batch, ctx = len(token_ids), max(lengths)
         kv = self.source(tables, lengths)
         pos = torch.tensor([n - 1 for n in lengths], dtype=torch.long)
+        if self.fused is not None and kv is self.paged:
+            return self.fused.step(kv, token_ids, pos)
         cos = self.rope.cos[pos].unsqueeze(1)  # [B, 1, D]: broadcast over heads
         ssin = self.rope.ssin[pos].unsqueeze(1)
         mask = None
