@@ -293,6 +293,9 @@ class Decoder:
         kv = self.source(tables, lengths)
         pos = torch.tensor([n - 1 for n in lengths], dtype=torch.long)
         if self.fused is not None and kv is self.paged:
+            if ctx > self.rope.cos.shape[0]:  # the kernel would read past the table's end
+                raise IndexError(f"position {ctx - 1} is past the RoPE table "
+                                 f"({self.rope.cos.shape[0]} positions)")
             return self.fused.step(kv, token_ids, pos)
         cos = self.rope.cos[pos].unsqueeze(1)  # [B, 1, D]: broadcast over heads
         ssin = self.rope.ssin[pos].unsqueeze(1)

@@ -166,3 +166,17 @@ def test_fused_kernels_serve_the_paged_steps_close_to_the_primitives(model: Llam
                                fast.rope) is None
     monkeypatch.setattr(fused, "PROBE_TOLERANCE", 0.0)  # the probe measures a real difference
     assert fused.FusedOps.load(model, fast.rope) is None
+
+
+def test_a_position_past_the_rope_table_is_an_error_not_a_read_past_it(model: Llama) -> None:
+    """The fused RoPE kernel does not bound-check its table: a decode step past the runner's
+    ``max_positions`` raises ``IndexError`` as the primitives' table lookup does."""
+    c = model.config
+    for fused_on in (True, False):
+        r = ModelRunner(model, KVPool(c.num_layers, c.num_kv_heads, c.head_dim, BS, 8,
+                                      model.dtype), 40)
+        if not fused_on:
+            r.decoder.fused = None
+        r.forward([SeqInput(list(range(1, 21)), range(20), [0, 1, 2], 20)])
+        with pytest.raises(IndexError):
+            r.forward([SeqInput([5], [44], [0, 1, 2], 45)])
