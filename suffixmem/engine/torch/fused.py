@@ -8,7 +8,7 @@ each costing its dispatch rather than its arithmetic on a row of 576 values. vLL
 residual add and the next RMSNorm, in place), ``rotary_embedding`` (q and k in place, read
 straight out of the fused q/k/v product) and ``silu_and_mul``: four calls per layer besides the
 products and attention. On the slower AMD EPYC instance a batch-1 step at a 256-token context
-went from ~27.5 to ~24 ms (docs/profile-decode.md, round 6).
+went from ~27.5 to ~23 ms (docs/profile-decode.md, round 6).
 
 They compute in fp32 and round once, where the layer primitives round after every op as
 transformers does: not bit-identical (the default model's logits within ~0.25 of the
