@@ -61,7 +61,7 @@ class FusedOps:
             return None
         fused = cls(model, rope)
         try:
-            err = fused._probe()
+            err = fused._probe(rope)
         except RuntimeError as e:  # a shape or dtype this build does not support
             log.info("vLLM's fused CPU kernels cannot serve this model (%s)", e)
             return None
@@ -70,9 +70,10 @@ class FusedOps:
             return None
         return fused
 
-    def _probe(self) -> float:
-        """Largest difference from the primitives (fp32 maths) on a 3-row batch whose q and k
-        are strided views of one q/k/v row, as in ``step``."""
+    def _probe(self, rope: RopeTable) -> float:
+        """Largest difference from the primitives (fp32 maths, RoPE from ``rope``'s own table,
+        so a wrong ``cos_sin`` layout shows) on a 3-row batch whose q and k are strided views of
+        one q/k/v row, as in ``step``."""
         c = self.model.config
         nh, kvh, d = c.num_heads, c.num_kv_heads, c.head_dim
         gen = torch.Generator().manual_seed(0)
@@ -81,7 +82,8 @@ class FusedOps:
         w = (1 + 0.1 * torch.randn(c.hidden_size, generator=gen)).to(torch.bfloat16)
         gu = torch.randn(3, 2 * c.intermediate_size, generator=gen).to(torch.bfloat16)
         qkv = torch.randn(3, (nh + 2 * kvh) * d, generator=gen).to(torch.bfloat16)
-        pos = torch.tensor([0, 7, min(300, self.cos_sin.shape[0] - 1)])
+        # within the table: the kernel does not bound-check
+        pos = torch.tensor([0, 7, 300]).clamp_(max=self.cos_sin.shape[0] - 1)
         eps = c.rms_norm_eps
 
         def norm(t: torch.Tensor) -> torch.Tensor:
@@ -101,9 +103,8 @@ class FusedOps:
         g, u = gu.float().split(c.intermediate_size, -1)
         errs.append((act.float() - F.silu(g) * u).abs().max())
         qk_ref = qkv[:, :(nh + kvh) * d].float().view(3, nh + kvh, d)
-        cos = self.cos_sin[pos, :d // 2].float().repeat(1, 2)
-        sin = self.cos_sin[pos, d // 2:].float()
-        ref = rope_signed(qk_ref, cos, torch.cat([-sin, sin], 1))
+        cos, ssin = rope.lookup(pos)
+        ref = rope_signed(qk_ref, cos.float(), ssin.float())
         self._ops.rotary_embedding(pos, qkv[:, :nh * d], qkv[:, nh * d:(nh + kvh) * d], d,
                                    self.cos_sin, True)
         errs.append((qkv[:, :(nh + kvh) * d].float().view(3, nh + kvh, d) - ref).abs().max())
