@@ -16,6 +16,11 @@ primitives', about what vLLM's attention kernel already changes). So they serve 
 that run that kernel too (``PagedMirror``), never ``exact_decode`` or the SDPA sources, whose
 agreement with the primitives stays bit for bit. A load-time probe against the primitives in
 fp32 decides whether this build serves the model's shapes.
+
+The same steps run their products of 1-4 rows through ``gemv.Gemv`` where it builds and its fp32
+probe passes (``use_gemv``): oneDNN's one-row product read the weights at about half the rate the
+machine allows, so this took a batch-1 step at 256 tokens from ~24 to ~15 ms on the slower AMD
+EPYC instance (docs/profile-decode.md, round 7).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from suffixmem.engine.torch.gemv import PROBE_TOLERANCE as GEMV_TOLERANCE
+from suffixmem.engine.torch.gemv import Gemv
+from suffixmem.engine.torch.linear import Linear
+from suffixmem.engine.torch.llama import LayerLinears
 from suffixmem.engine.torch.rope import RopeTable, rope_signed
 
 if TYPE_CHECKING:
@@ -49,6 +58,29 @@ class FusedOps:
         # the table's signed sin holds +sin in its second half
         self.cos_sin = torch.cat([rope.cos[:, :half], rope.ssin[:, half:]], 1).contiguous()
         self._ops = torch.ops._C
+        # the products: oneDNN's prepacked ones, or the GEMV kernel's (``use_gemv``)
+        self.bound: list[LayerLinears] = model.bound
+        self.lm_head: Linear = model.lm_head_linear
+        self.gemv: Gemv | None = None
+
+    def use_gemv(self, gemv: Gemv) -> bool:
+        """Run the products of 1-4 rows through ``gemv`` (gemv.py) if its probe passes on
+        every weight shape of the model; ``False`` (nothing changed) otherwise."""
+        m = self.model
+        w0, f0 = m.layers[0], m.bound[0]
+        pairs = [(w0.w_qkv, f0.qkv), (w0.w_o, f0.o), (w0.w_gate_up, f0.gate_up),
+                 (w0.w_down, f0.down), (m.lm_head, m.lm_head_linear)]
+        err = max(gemv.probe(w, f) for w, f in pairs)
+        if err > GEMV_TOLERANCE:
+            log.info("the decode GEMV kernel disagrees with fp32 (%.3g): oneDNN's products", err)
+            return False
+        self.bound = [LayerLinears(gemv.bind(w.w_qkv, f.qkv), gemv.bind(w.w_o, f.o),
+                                   gemv.bind(w.w_gate_up, f.gate_up),
+                                   gemv.bind(w.w_down, f.down))
+                      for w, f in zip(m.layers, m.bound, strict=True)]
+        self.lm_head = gemv.bind(m.lm_head, m.lm_head_linear)
+        self.gemv = gemv
+        return True
 
     @classmethod
     def load(cls, model: Llama, rope: RopeTable) -> FusedOps | None:
@@ -68,6 +100,9 @@ class FusedOps:
         if err > PROBE_TOLERANCE:
             log.info("vLLM's fused CPU kernels disagree with the primitives (%.3f): unused", err)
             return None
+        gemv = Gemv.load()
+        if gemv is not None:
+            fused.use_gemv(gemv)
         return fused
 
     def _probe(self, rope: RopeTable) -> float:
@@ -124,7 +159,7 @@ class FusedOps:
         ops.rms_norm(y, x, layers[0].input_norm, eps)
         act = torch.empty(batch, c.intermediate_size, dtype=x.dtype)
         last = len(layers) - 1
-        for i, f in enumerate(m.bound):
+        for i, f in enumerate(self.bound):
             qkv = f.qkv(y)  # [B, (H + 2 KV) D]
             q, k = qkv[:, :qd], qkv[:, qd:qd + kd]
             ops.rotary_embedding(positions, q, k, d, self.cos_sin, True)
@@ -137,4 +172,4 @@ class FusedOps:
             ops.fused_add_rms_norm(y, x, m.norm if i == last else layers[i + 1].input_norm,
                                    eps)
         kv.done()
-        return m.lm_head_linear(y).float()
+        return self.lm_head(y).float()
