@@ -99,7 +99,12 @@ class Gemv:
         if not torch.cpu._is_avx512_bf16_supported():
             return None
         try:
-            return cls(build())
+            path = build()
+            try:
+                return cls(path)
+            except OSError:  # a damaged library in the cache (a copy cut short): build anew
+                path.unlink(missing_ok=True)
+                return cls(build())
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", b"") or b""
             log.info("the decode GEMV kernel is unavailable (%s %s): oneDNN's products", e,

@@ -3,7 +3,9 @@ the build cache, and its use by the fused decode step."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +86,8 @@ def test_nan_and_inf_propagate() -> None:
 def test_the_build_is_cached_and_a_broken_compiler_leaves_onednn(tmp_path: Path,
                                                                  monkeypatch: Any) -> None:
     """A second build reuses the library; a compiler that fails raises from ``build`` and makes
-    ``_open`` return ``None`` with nothing left behind; ``SUFFIXMEM_GEMV=0`` turns it off."""
+    ``_open`` return ``None`` with nothing left behind; a damaged cached library is rebuilt;
+    ``SUFFIXMEM_GEMV=0`` turns it off."""
     first = gemv.build(tmp_path)
     stamp = first.stat().st_mtime_ns
     assert gemv.build(tmp_path) == first and first.stat().st_mtime_ns == stamp
@@ -99,6 +102,15 @@ def test_the_build_is_cached_and_a_broken_compiler_leaves_onednn(tmp_path: Path,
     assert not list((tmp_path / "home").glob("kernels/*"))
     monkeypatch.delenv("CC")
     assert gemv.Gemv._open() is not None
+    [lib] = (tmp_path / "home" / "kernels").glob("gemv-*.so")
+    lib.unlink()  # a new file: the loaded one stays mapped in this process
+    lib.write_bytes(b"not a library")  # damaged: rebuilt, not given up on
+    # in a fresh process: this one's loader would hand back the library it holds by that path
+    code = "from suffixmem.engine.torch.gemv import Gemv; print(Gemv.load() is not None)"
+    env = {**os.environ, "SUFFIXMEM_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "True" and lib.read_bytes()[:4] == b"\x7fELF"
     monkeypatch.setenv("SUFFIXMEM_GEMV", "0")
     assert gemv.Gemv._open() is None
 
