@@ -29,7 +29,7 @@ knows no list of topics and learns nothing at run time beyond the session's own 
 Stable API: ``default_detector()`` returns a ``TopicDetector``; ``detect(turns, message)`` gives
 a ``TopicVerdict`` with ``.jump``. The incremental form the manager uses:
 ``state = detector.replay(pairs)``, ``detector.observe_user(state, message)``,
-``detector.add_turn(state, user, reply, jump)``. Pure numpy/scipy/scikit-learn; no torch.
+``detector.add_turn(state, user, reply, jump)``. Pure numpy/scikit-learn; no torch.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from suffixmem.conversation.temperature import (  # noqa: F401
 )
 from suffixmem.conversation.topic_cues import continues_topic, has_shift_marker
 from suffixmem.conversation.topic_signals import DEFAULT_MODEL, SignalModel
+from suffixmem.conversation.topic_vector import EMPTY, SparseRow, hashed_counts
 from suffixmem.errors import ConfigError
 
 N_FEATURES = 2**18
@@ -158,17 +159,18 @@ class TopicState:
     """The running topic of one session: decayed centroids (char, word) of the current topic,
     the last turn's vectors, and the session's document frequencies (feature -> turns)."""
 
-    char: Any = None
-    word: Any = None
-    last_char: Any = None
-    last_word: Any = None
+    char: SparseRow | None = None
+    word: SparseRow | None = None
+    last_char: SparseRow | None = None
+    last_word: SparseRow | None = None
     turns: int = 0
-    opening: tuple[Any, Any] | None = None  # the current topic's first turn (it names it)
-    recent: list[tuple[Any, Any]] = field(default_factory=list)  # its latest turns
+    # the current topic's first turn (it names it)
+    opening: tuple[SparseRow, SparseRow] | None = None
+    recent: list[tuple[SparseRow, SparseRow]] = field(default_factory=list)  # its latest turns
     sims: list[float] = field(default_factory=list)  # its turns' similarities on arrival
     observed: tuple[str, float] | None = None  # the last observed message and its similarity
-    char_df: dict[int, int] = field(default_factory=dict)
-    word_df: dict[int, int] = field(default_factory=dict)
+    char_df: SparseRow = EMPTY  # per feature, the session's turns that used it
+    word_df: SparseRow = EMPTY
 
 
 class Featurizer:
@@ -201,25 +203,27 @@ class Featurizer:
             self.docs = len(docs)
         return self
 
-    def counts(self, text: str) -> tuple[Any, Any]:
-        """Raw hashed counts (1 x N_FEATURES sparse rows) of ``text``: (char, word)."""
-        return self.char.transform([text]), self.word.transform([text])
+    def counts(self, text: str) -> tuple[SparseRow, SparseRow]:
+        """Raw hashed counts of ``text``, (char, word): the same features and counts as
+        ``self.char.transform([text])`` and ``self.word.transform([text])``, without their
+        per-call cost (``topic_vector``)."""
+        return (hashed_counts(char_ngrams(text), N_FEATURES),
+                hashed_counts(word_tokens(text), N_FEATURES))
 
-    def weigh(self, counts: Any, background: np.ndarray, session: dict[int, int],
-              session_docs: int) -> Any:
+    def weigh(self, counts: SparseRow, background: np.ndarray, session: SparseRow,
+              session_docs: int) -> SparseRow:
         """TF-IDF of a count row: (1 + log tf) * (log((1 + N) / (1 + df)) + 1), l2-normed, with
         N and df summed over the background and the session."""
-        out = counts.copy().astype(np.float64)
-        if out.nnz == 0:
-            return out
-        idx = out.indices
+        if counts.nnz == 0:
+            return counts
+        idx = counts.indices
         df = background[idx].astype(np.float64)
-        if session:
-            df += np.fromiter((session.get(int(i), 0) for i in idx), np.float64, len(idx))
+        if session.nnz:
+            df += session.values_at(idx)
         idf = np.log((1.0 + self.docs + session_docs) / (1.0 + df)) + 1.0
-        out.data = (1.0 + np.log(out.data)) * idf
-        out.data /= math.sqrt(float(np.dot(out.data, out.data)))
-        return out
+        data = (1.0 + np.log(counts.data)) * idf
+        data /= math.sqrt(float(np.dot(data, data)))
+        return SparseRow(idx, data)
 
 
 def _doc_freq(x: Any) -> np.ndarray:
@@ -227,15 +231,11 @@ def _doc_freq(x: Any) -> np.ndarray:
     return np.bincount(x.tocsr().indices, minlength=N_FEATURES).astype(np.float32)
 
 
-def _dot(a: Any, b: Any) -> float:
-    """Dot product of two 1-row sparse vectors (cosine when both are l2-normed). Their indices
-    are unique (hashed counts are summed; sums and scalings of rows keep that), so the dot is
-    over the shared indices: several times cheaper than scipy's elementwise product, which
-    builds a matrix per call, and the detector runs dozens per turn."""
-    if a is None or b is None or a.nnz == 0 or b.nnz == 0:
+def _dot(a: SparseRow | None, b: SparseRow | None) -> float:
+    """Dot product of two rows (cosine when both are l2-normed); 0 when either is missing."""
+    if a is None or b is None:
         return 0.0
-    _, ia, ib = np.intersect1d(a.indices, b.indices, assume_unique=True, return_indices=True)
-    return float(np.dot(a.data[ia], b.data[ib]))
+    return a.dot(b)
 
 
 class TopicDetector:
@@ -254,10 +254,11 @@ class TopicDetector:
         self.featurizer = featurizer or Featurizer()
         self.model = model
 
-    def _vectors(self, state: TopicState, text: str) -> tuple[Any, Any]:
+    def _vectors(self, state: TopicState, text: str) -> tuple[SparseRow, SparseRow]:
         return self._weighed(state, *self.featurizer.counts(text))
 
-    def _weighed(self, state: TopicState, c: Any, w: Any) -> tuple[Any, Any]:
+    def _weighed(self, state: TopicState, c: SparseRow, w: SparseRow
+                 ) -> tuple[SparseRow, SparseRow]:
         f = self.featurizer
         return (f.weigh(c, f.char_df, state.char_df, state.turns),
                 f.weigh(w, f.word_df, state.word_df, state.turns))
@@ -270,10 +271,10 @@ class TopicDetector:
             return None
         return self._similarity(state, *self._vectors(state, message))
 
-    def _similarity(self, state: TopicState, c: Any, w: Any) -> float:
+    def _similarity(self, state: TopicState, c: SparseRow, w: SparseRow) -> float:
         cw = self.config.char_weight
 
-        def blend(ref_c: Any, ref_w: Any) -> float:
+        def blend(ref_c: SparseRow | None, ref_w: SparseRow | None) -> float:
             sc = _dot(c, ref_c)
             if w.nnz == 0 or ref_w is None or ref_w.nnz == 0:
                 return sc
@@ -294,8 +295,8 @@ class TopicDetector:
         c, w = self._vectors(state, message)
         sim = self._similarity(state, c, w)
         # squared weights of an l2-normed row sum to 1: this is the share on unseen n-grams
-        novelty = float(sum(v * v for i, v in zip(c.indices, c.data, strict=True)
-                            if int(i) not in state.char_df)) if c.nnz else 0.0
+        unseen = c.data[state.char_df.values_at(c.indices) == 0].tolist() if c.nnz else []
+        novelty = float(sum(v * v for v in unseen))
         drop = sum(state.sims) / len(state.sims) - sim if state.sims else 0.0
         return sim, [sim, drop, novelty, math.log1p(content_chars(message)) / 5.0,
                      float(continues_topic(message)), float(is_question(message))]
@@ -339,16 +340,15 @@ class TopicDetector:
             state.opening, state.recent, state.sims = (c, w), [], []
         else:
             d = self.config.decay
-            state.char = d * state.char + (1 - d) * c
-            state.word = d * state.word + (1 - d) * w
+            state.char = state.char.scaled(d).plus(c.scaled(1 - d))
+            state.word = state.word.scaled(d).plus(w.scaled(1 - d))
             if sim is not None:
                 state.sims = [*state.sims, sim][-max(1, self.config.topic_turns):]
         state.last_char, state.last_word = c, w
         state.recent = [*state.recent, (c, w)][-self.config.topic_turns:] \
             if self.config.topic_turns else []
-        for df, row in ((state.char_df, raw_c), (state.word_df, raw_w)):
-            for i in row.indices:
-                df[int(i)] = df.get(int(i), 0) + 1
+        state.char_df = state.char_df.plus(SparseRow(raw_c.indices, np.ones(raw_c.nnz)))
+        state.word_df = state.word_df.plus(SparseRow(raw_w.indices, np.ones(raw_w.nnz)))
         state.turns += 1
 
     def replay(self, turns: Sequence[tuple[str, str]]) -> TopicState:
@@ -364,11 +364,8 @@ class TopicDetector:
         return self.observe_user(self.replay(turns), message)
 
 
-def _unit(row: Any) -> Any:
-    if row is None or row.nnz == 0:
-        return row
-    n = math.sqrt(float(np.dot(row.data, row.data)))  # unique indices (``_dot``)
-    return row / n if n else row
+def _unit(row: SparseRow | None) -> SparseRow | None:
+    return None if row is None else row.unit()
 
 
 @functools.lru_cache(maxsize=1)
