@@ -32,6 +32,7 @@ from suffixmem_bench.segment_scenarios import ScenarioPrompt
 
 EVENT_WORKLOADS: tuple[str, ...] = ("overflow", "rag")
 BLOCK = 16  # the torch engine's block size: a prefix-cache hit covers whole blocks
+TASK_CONTINUATION = 24  # "The code of this chat is 4821." and what ends the number
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
@@ -271,11 +272,17 @@ def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods
                    turns: dict[str, int] | None = None,
                    decode: Callable[[list[int]], str] | None = None,
                    progress: Callable[[str], None] | None = None,
-                   workloads: Sequence[str] = EVENT_WORKLOADS) -> dict[str, dict[str, Any]]:
+                   workloads: Sequence[str] = EVENT_WORKLOADS,
+                   encode: Callable[[str], list[int]] | None = None) -> dict[str, dict[str, Any]]:
     """Per event workload: the events' summary, every method's quality on them
     (``methods_quality``, bf16 primitives), the method ``choose_method`` picks and whether it
-    passes the gate. Workloads without an event report ``events: 0`` and no method."""
+    passes the gate. With ``encode``, each method's ``task_agreement`` (and
+    ``task_exact_accuracy``) come from the events with a code planted in their longest reused
+    span and asked for (``segment_task.plant_all``, ``task_events`` of them); the first-line
+    check on the workload's own question stays as ``first_line_agreement``. Workloads without
+    an event report ``events: 0`` and no method."""
     from suffixmem_bench.segment_scenarios import choose_method, methods_quality
+    from suffixmem_bench.segment_task import plant_all
 
     say = progress or (lambda _m: None)
     out: dict[str, dict[str, Any]] = {}
@@ -286,8 +293,18 @@ def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods
             continue
         say(f"{name}: {len(evs)} reuse events x {len(methods)} methods")
         rows = methods_quality(llama, evs, methods, continuation, decode)
+        task: dict[str, Any] = {}
+        if encode is not None:
+            planted = plant_all(evs, encode)
+            say(f"{name}: the task check on {len(planted)} events with a planted code")
+            if planted:
+                by_task = methods_quality(llama, planted, methods, TASK_CONTINUATION, decode)
+                for label, row in rows.items():
+                    row.update({k: v for k, v in by_task[label].items()
+                                if k in ("task_agreement", "task_exact_accuracy")})
+            task = {"task_events": len(planted)}
         chosen, passed = choose_method(rows)
-        out[name] = {**summary, "methods": rows, "chosen": chosen, "passed": passed}
+        out[name] = {**summary, **task, "methods": rows, "chosen": chosen, "passed": passed}
     return out
 
 
@@ -337,7 +354,7 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
         events = measure_events(llama, engine, lambda t: len(encode(t)), method_list,
                                 continuation, sessions,
                                 {w: turns for w in workloads} if turns else None, decode,
-                                progress, workloads)
+                                progress, workloads, encode=encode)
     finally:
         engine.close()
     return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 COLUMNS = ("mean_kl", "top1_agreement", "free_running_agreement", "task_agreement",
-           "compute_share")
+           "first_line_agreement", "compute_share")
 
 
 def _methods(console: Any, result: dict[str, Any]) -> None:
@@ -17,11 +17,12 @@ def _methods(console: Any, result: dict[str, Any]) -> None:
     for title, rows in blocks.items():
         table = Table(title=f"recompute methods, {title} (bf16 primitives)")
         table.add_column("method")
-        for col in ("mean KL", "top-1", "free-running", "task", "compute share"):
+        for col in ("mean KL", "top-1", "free-running", "task", "first line",
+                    "compute share"):
             table.add_column(col, justify="right")
         for label, row in rows.items():
-            table.add_row(label, *(f"{row[c]:.4f}" if c == "mean_kl" else f"{row[c]:.3f}"
-                                   for c in COLUMNS))
+            table.add_row(label, *("-" if c not in row else f"{row[c]:.4f}" if c == "mean_kl"
+                                   else f"{row[c]:.3f}" for c in COLUMNS))
         console.print(table)
     for name, d in result.get("workload_defaults", {}).items():
         state = "[green]segment reuse on[/]" if d["segment_reuse"] else "[yellow]exact[/]"
@@ -41,12 +42,15 @@ def print_report(console: Any, result: dict[str, Any]) -> None:
                       f"{row['ttft_speedup']:.2f}x")
     console.print(table)
     scen = Table(title=f"scenarios (bf16, method {result['scenario_gate']['method']})")
-    for col in ("scenario", "mean KL", "top-1", "free-running", "task", "TTFT speed-up"):
+    for col in ("scenario", "mean KL", "top-1", "free-running", "task", "exact right",
+                "reuse right", "TTFT speed-up"):
         scen.add_column(col, justify="right")
     for name, row in result["scenarios"].items():
+        right = [f"{row[k]:.2f}" if k in row else "-"
+                 for k in ("task_exact_accuracy", "task_reuse_accuracy")]
         scen.add_row(name, f"{row['mean_kl']:.4f}", f"{row['top1_agreement']:.3f}",
                      f"{row['free_running_agreement']:.3f}", f"{row['task_agreement']:.2f}",
-                     f"{row['ttft_speedup']:.2f}x")
+                     *right, f"{row['ttft_speedup']:.2f}x")
     console.print(scen)
     _methods(console, result)
     gate, d = result["gate"], result["defaults"]

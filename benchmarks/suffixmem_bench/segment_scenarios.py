@@ -19,9 +19,11 @@ evaluated prompt:
   the engine's own primitives (``Llama`` + ``place_segments``) in the serving dtype (bf16);
 - ``free_running_agreement``: share of the reference's greedy continuation (``continuation``
   tokens) the reuse run reproduces before its first divergence, both through ``TorchEngine``;
-- ``task_agreement``: the question asks which module a document describes; the share of prompts
-  where the reuse run's answer (its first line, lower-cased, whitespace-normalised) equals the
-  exact run's;
+- ``task_agreement``: each document holds a code sentence (``The code of Document 2 is 4821.``)
+  and the question asks for one document's code (``segment_task``: a question the model can
+  answer, so agreement is not bf16 noise between invented answers); the share of prompts where
+  the reuse run's answer (the first number in its reply) equals the exact run's.
+  ``task_exact_accuracy`` / ``task_reuse_accuracy``: how often each gives the planted code;
 - ``ttft_speedup``: the engine's TTFT in exact mode over that with reuse, medians over prompts.
 """
 
@@ -35,9 +37,17 @@ from typing import Any
 
 from suffixmem_bench.corpus import reference_text, stdlib_paragraphs
 from suffixmem_bench.segment_prompts import SYSTEM, chatml, dialogue_pairs
+from suffixmem_bench.segment_task import (
+    CODE,
+    QUESTION,
+    TAIL,
+    answer_end,
+    answer_of,
+    first_line_end,
+    new_code,
+)
 
 SCENARIOS: tuple[str, ...] = ("same_context", "independent", "reordered")
-TASK = ("Which Python module does Document {j} describe? Answer with the module name only.")
 
 Encode = Callable[[str], list[int]]
 
@@ -45,12 +55,14 @@ Encode = Callable[[str], list[int]]
 @dataclass(slots=True, frozen=True)
 class ScenarioPrompt:
     """``ids`` with segment ``spans``; ``fills`` are the prompts that computed the segments
-    first, and ``origin[i] = (fill index, start in that fill)`` says where segment ``i`` was."""
+    first, and ``origin[i] = (fill index, start in that fill)`` says where segment ``i`` was.
+    ``answer``: the code the prompt's question asks for (``segment_task``), if it asks one."""
 
     ids: list[int]
     spans: tuple[tuple[int, int], ...]
     fills: tuple[tuple[list[int], tuple[tuple[int, int], ...]], ...]
     origin: tuple[tuple[int, int], ...]
+    answer: str | None = None
 
 
 def _head(encode: Encode, dialogue: Sequence[tuple[str, str]]) -> list[int]:
@@ -71,10 +83,13 @@ def build_scenario(encode: Encode, scenario: str, count: int = 6, segment_tokens
     n_paras = len(stdlib_paragraphs())
     out = []
     for _ in range(count):
-        docs = []
+        docs, codes = [], []
         for j in range(2):
             body = reference_text(segment_tokens, lambda t: len(encode(t)),
                                   skip=rng.randrange(n_paras))
+            codes.append(new_code(rng))
+            body = _with_code(body, CODE.format(name=f"Document {j + 1}", code=codes[-1]),
+                              lambda t: len(encode(t)), segment_tokens, rng)
             docs.append(encode(f"Document {j + 1}:\n{body}\n\n")[:segment_tokens + 40])
         j = rng.randrange(2) + 1
         eval_dialogue = [pairs[rng.randrange(len(pairs))] for _ in range(2)]
@@ -84,7 +99,7 @@ def build_scenario(encode: Encode, scenario: str, count: int = 6, segment_tokens
         for d in docs:
             spans.append((len(ids), len(ids) + len(d)))
             ids = ids + d
-        ids = ids + encode(TASK.format(j=j) + "<|im_end|>\n<|im_start|>assistant\n")
+        ids = ids + encode(QUESTION.format(name=f"Document {j}") + TAIL)
         fills: list[tuple[list[int], tuple[tuple[int, int], ...]]] = []
         origin: list[tuple[int, int]] = []
         if scenario == "independent":
@@ -102,8 +117,26 @@ def build_scenario(encode: Encode, scenario: str, count: int = 6, segment_tokens
             fill_spans = tuple((starts[i], starts[i] + len(docs[i])) for i in order)
             fills.append((fill, fill_spans))
             origin = [(0, starts[0]), (0, starts[1])]
-        out.append(ScenarioPrompt(ids, tuple(spans), tuple(fills), tuple(origin)))
+        out.append(ScenarioPrompt(ids, tuple(spans), tuple(fills), tuple(origin),
+                                  answer=str(codes[j - 1])))
     return out
+
+
+def _with_code(body: str, sentence: str, count: Callable[[str], int], limit: int,
+               rng: random.Random) -> str:
+    """``body`` with ``sentence`` as a paragraph of its own at a random paragraph boundary
+    that lies within its first ``limit`` tokens less the sentence's (the document is cut at
+    about ``limit`` tokens, and the code must stay in it)."""
+    paras = body.split("\n\n")
+    room = limit - count(sentence) - 8
+    bounds, seen = [0], 0
+    for i, para in enumerate(paras[:-1]):
+        seen += count(para) + 1
+        if seen > room:
+            break
+        bounds.append(i + 1)
+    at = rng.choice(bounds)
+    return "\n\n".join([*paras[:at], sentence, *paras[at:]])
 
 
 METHODS: tuple[tuple[int, float, tuple[int, ...], int], ...] = (
@@ -149,18 +182,6 @@ def parse_method(label: str) -> Any:
                        full_layers=int(full or 0))
 
 
-def first_line_end(decode: Callable[[list[int]], str] | None, cont: Sequence[int]) -> int:
-    """How many tokens of ``cont`` it takes to finish its first non-empty line (all of it when
-    the line never ends, or without ``decode``)."""
-    if decode is None:
-        return len(cont)
-    for j in range(1, len(cont) + 1):
-        text = decode(list(cont[:j])).lstrip()
-        if text and "\n" in text:
-            return j
-    return len(cont)
-
-
 def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequence[Any],
                     continuation: int = 64, decode: Callable[[list[int]], str] | None = None,
                     ) -> dict[str, dict[str, float]]:
@@ -169,9 +190,13 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
     ``llama``'s dtype: ``mean_kl``, ``top1_agreement``, ``free_running_agreement`` (the first
     disagreement's step over the continuation: up to there both greedy runs feed the same
     tokens, so it is what a greedy reuse run reproduces), ``task_agreement`` (the share of
-    prompts whose reference first line is reproduced token for token) and ``compute_share``
-    (the work of the reuse prefill, layers times tokens, over that of a full prefill). The
-    fills and the reference are computed once per prompt for every method."""
+    prompts whose reference answer is reproduced token for token: through its number
+    (``segment_task.answer_end``) when the prompt has an ``answer``, else its first line),
+    ``first_line_agreement`` (the reference's first line reproduced, the task check of runs
+    before the planted codes), ``task_exact_accuracy`` (prompts with an ``answer``: the share
+    the exact run answers right, with ``decode``) and ``compute_share`` (the work of the reuse
+    prefill, layers times tokens, over that of a full prefill). The fills and the reference
+    are computed once per prompt for every method."""
     import torch
 
     from suffixmem.engine.reuse.placement import SegmentSource, forward_layers, place_segments
@@ -191,6 +216,9 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
             fill_bts.append(bt)
         ref_bt, ref, cont = greedy_reference(rig, p.ids, continuation)
         line_end = first_line_end(decode, cont)
+        task_end = answer_end(decode, cont) if p.answer is not None else line_end
+        scores = [] if p.answer is None or decode is None else [
+            ("task_exact_accuracy", float(answer_of(decode(list(cont))) == p.answer))]
         rig.blocks.decref(ref_bt)
         for blend in methods:
             bt = rig.alloc(n + continuation)
@@ -205,10 +233,12 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
             kl, top1, free = compare(ref, torch.cat([first, rest]))
             work = len(pl.compute_positions) * layers + pl.checked_layers * n
             row = acc[blend.label()]
+            same = round(free * continuation)  # the first disagreeing step
             for key, value in (("mean_kl", kl), ("top1_agreement", top1),
                                ("free_running_agreement", free),
-                               ("task_agreement", float(round(free * continuation) >= line_end)),
-                               ("compute_share", work / (n * layers))):
+                               ("task_agreement", float(same >= task_end)),
+                               ("first_line_agreement", float(same >= line_end)),
+                               *scores, ("compute_share", work / (n * layers))):
                 row.setdefault(key, []).append(value)
             rig.blocks.decref(bt)
         for b in fill_bts:
@@ -225,21 +255,19 @@ def scenario_quality(llama: Any, prompts: Sequence[ScenarioPrompt], blend: Any,
     return {"mean_kl": row["mean_kl"], "top1_agreement": row["top1_agreement"]}
 
 
-def _answer(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return " ".join(line.lower().split())
-
-
 def scenario_engine(engine: Any, prompts: Sequence[ScenarioPrompt], blend: Any, tag: str,
                     continuation: int = 64) -> dict[str, float]:
-    """``free_running_agreement``, ``task_agreement`` and ``ttft_speedup`` through
-    ``engine`` (a ``TorchEngine``) with a segment-reuse hook using ``blend``."""
+    """``free_running_agreement``, ``task_agreement`` (``segment_task.answer_of`` of both
+    replies equal), ``task_exact_accuracy`` / ``task_reuse_accuracy`` (prompts with an
+    ``answer``: the share each run answers right) and ``ttft_speedup`` through ``engine`` (a
+    ``TorchEngine``) with a segment-reuse hook using ``blend``."""
     from suffixmem.engine.protocol import Request, SamplingParams, Segment
     from suffixmem.engine.reuse.hook import SegmentReuseHook
 
     greedy = SamplingParams(max_tokens=continuation, ignore_eos=True)
     hook = SegmentReuseHook.install(engine, blend, context_shift=False)
     free, task, exact_t, reuse_t = [], [], [], []
+    right: dict[str, list[float]] = {"task_exact_accuracy": [], "task_reuse_accuracy": []}
     try:
         for i, p in enumerate(prompts):
             for fi, (f, spans) in enumerate(p.fills):
@@ -259,7 +287,10 @@ def scenario_engine(engine: Any, prompts: Sequence[ScenarioPrompt], blend: Any, 
                     break
                 same += 1
             free.append(same / max(1, len(ref.token_ids)))
-            task.append(float(_answer(ref.text) == _answer(got.text)))
+            task.append(float(answer_of(ref.text) == answer_of(got.text)))
+            if p.answer is not None:
+                right["task_exact_accuracy"].append(float(answer_of(ref.text) == p.answer))
+                right["task_reuse_accuracy"].append(float(answer_of(got.text) == p.answer))
             exact_t.append(ref.ttft_s)
             reuse_t.append(got.ttft_s)
     finally:
@@ -269,6 +300,7 @@ def scenario_engine(engine: Any, prompts: Sequence[ScenarioPrompt], blend: Any, 
     return {
         "free_running_agreement": statistics.fmean(free),
         "task_agreement": statistics.fmean(task),
+        **{k: statistics.fmean(v) for k, v in right.items() if v},
         "ttft_speedup": statistics.median(exact_t) / reuse_med if reuse_med > 0 else 0.0,
     }
 

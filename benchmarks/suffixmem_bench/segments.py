@@ -28,8 +28,10 @@ none passes the report says so and exact mode stays the default.
 (first-k, CacheBlend top-r, check depth, fresh lower layers) in bf16 on the engine's primitives
 on three constructions (same context, independent, reordered); the cheapest method that passes
 issue 14's gate on the independent construction (else the most accurate) then runs through the
-serving engine, with a task check, for ``scenarios``. ``events`` (``segment_events.py``) are the
-overflow and rag workloads' real reuse events, measured the same way, and ``workload_defaults``
+serving engine, with a task check (a code written into a reused segment and asked for:
+``segment_task.py``), for ``scenarios``. ``events`` (``segment_events.py``) are the overflow and
+rag workloads' real reuse events, measured the same way (the task check on copies of them with a
+code planted in their longest reused span), and ``workload_defaults``
 says per workload class whether segment reuse is on by default (exactly when its gate passes).
 
 It also runs the attention-entropy detector over multi-turn sessions whose retrieved passages
@@ -163,7 +165,8 @@ def run_segments(
             say("overflow and rag: real reuse events (replies generated exactly)")
             events = measure_events(bf16, engine, lambda t: len(encode(t)), method_list,
                                     continuation=48, sessions=event_sessions,
-                                    turns=event_turns, decode=decode, progress=say)
+                                    turns=event_turns, decode=decode, progress=say,
+                                    encode=encode)
     finally:
         engine.close()
 
