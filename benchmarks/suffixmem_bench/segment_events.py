@@ -267,24 +267,24 @@ def gate_verdict(row: dict[str, float] | None, method: str | None) -> dict[str, 
                                    "task_agreement")}}
 
 
-def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods: Sequence[Any],
-                   continuation: int = 48, sessions: int = 2,
+def measure_events(llama: Any, engine: Any, encode: Callable[[str], list[int]],
+                   methods: Sequence[Any], continuation: int = 48, sessions: int = 2,
                    turns: dict[str, int] | None = None,
                    decode: Callable[[list[int]], str] | None = None,
                    progress: Callable[[str], None] | None = None,
-                   workloads: Sequence[str] = EVENT_WORKLOADS,
-                   encode: Callable[[str], list[int]] | None = None) -> dict[str, dict[str, Any]]:
+                   workloads: Sequence[str] = EVENT_WORKLOADS) -> dict[str, dict[str, Any]]:
     """Per event workload: the events' summary, every method's quality on them
     (``methods_quality``, bf16 primitives), the method ``choose_method`` picks and whether it
-    passes the gate. With ``encode``, each method's ``task_agreement`` (and
-    ``task_exact_accuracy``) come from the events with a code planted in their longest reused
-    span and asked for (``segment_task.plant_all``, ``task_events`` of them); the first-line
-    check on the workload's own question stays as ``first_line_agreement``. Workloads without
-    an event report ``events: 0`` and no method."""
+    passes the gate. Each method's ``task_agreement`` (and ``task_exact_accuracy``) come from
+    the events with a code planted in their longest reused span and asked for
+    (``segment_task.plant_all``, ``task_events`` of them); the first-line check on the
+    workload's own question stays as ``first_line_agreement``. Workloads without an event
+    report ``events: 0`` and no method."""
     from suffixmem_bench.segment_scenarios import choose_method, methods_quality
     from suffixmem_bench.segment_task import plant_all
 
     say = progress or (lambda _m: None)
+    count = lambda text: len(encode(text))  # noqa: E731
     out: dict[str, dict[str, Any]] = {}
     for name, evs in build_events(engine, count, sessions, turns, workloads).items():
         summary = event_summary(evs)
@@ -293,18 +293,16 @@ def measure_events(llama: Any, engine: Any, count: Callable[[str], int], methods
             continue
         say(f"{name}: {len(evs)} reuse events x {len(methods)} methods")
         rows = methods_quality(llama, evs, methods, continuation, decode)
-        task: dict[str, Any] = {}
-        if encode is not None:
-            planted = plant_all(evs, encode)
-            say(f"{name}: the task check on {len(planted)} events with a planted code")
-            if planted:
-                by_task = methods_quality(llama, planted, methods, TASK_CONTINUATION, decode)
-                for label, row in rows.items():
-                    row.update({k: v for k, v in by_task[label].items()
-                                if k in ("task_agreement", "task_exact_accuracy")})
-            task = {"task_events": len(planted)}
+        planted = plant_all(evs, encode)
+        say(f"{name}: the task check on {len(planted)} events with a planted code")
+        if planted:
+            by_task = methods_quality(llama, planted, methods, TASK_CONTINUATION, decode)
+            for label, row in rows.items():
+                row.update({k: v for k, v in by_task[label].items()
+                            if k in ("task_agreement", "task_exact_accuracy")})
         chosen, passed = choose_method(rows)
-        out[name] = {**summary, **task, "methods": rows, "chosen": chosen, "passed": passed}
+        out[name] = {**summary, "task_events": len(planted), "methods": rows, "chosen": chosen,
+                     "passed": passed}
     return out
 
 
@@ -351,10 +349,9 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
     engine = serving_engine(model, threads)
     try:
         llama = Llama.from_pretrained(path, torch.bfloat16)
-        events = measure_events(llama, engine, lambda t: len(encode(t)), method_list,
-                                continuation, sessions,
+        events = measure_events(llama, engine, encode, method_list, continuation, sessions,
                                 {w: turns for w in workloads} if turns else None, decode,
-                                progress, workloads, encode=encode)
+                                progress, workloads)
     finally:
         engine.close()
     return {

@@ -81,15 +81,15 @@ def build_scenario(encode: Encode, scenario: str, count: int = 6, segment_tokens
     rng = random.Random(seed)
     pairs = dialogue_pairs()
     n_paras = len(stdlib_paragraphs())
+    tokens = lambda text: len(encode(text))  # noqa: E731
     out = []
     for _ in range(count):
         docs, codes = [], []
         for j in range(2):
-            body = reference_text(segment_tokens, lambda t: len(encode(t)),
-                                  skip=rng.randrange(n_paras))
+            body = reference_text(segment_tokens, tokens, skip=rng.randrange(n_paras))
             codes.append(new_code(rng))
             body = _with_code(body, CODE.format(name=f"Document {j + 1}", code=codes[-1]),
-                              lambda t: len(encode(t)), segment_tokens, rng)
+                              tokens, segment_tokens, rng)
             docs.append(encode(f"Document {j + 1}:\n{body}\n\n")[:segment_tokens + 40])
         j = rng.randrange(2) + 1
         eval_dialogue = [pairs[rng.randrange(len(pairs))] for _ in range(2)]

@@ -163,10 +163,9 @@ def run_segments(
         events: dict[str, dict[str, Any]] = {}
         if event_sessions > 0:
             say("overflow and rag: real reuse events (replies generated exactly)")
-            events = measure_events(bf16, engine, lambda t: len(encode(t)), method_list,
+            events = measure_events(bf16, engine, encode, method_list,
                                     continuation=48, sessions=event_sessions,
-                                    turns=event_turns, decode=decode, progress=say,
-                                    encode=encode)
+                                    turns=event_turns, decode=decode, progress=say)
     finally:
         engine.close()
 
