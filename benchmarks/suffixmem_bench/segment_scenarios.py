@@ -165,21 +165,22 @@ def blends(methods: Sequence[tuple[int, float, tuple[int, ...], int]] = METHODS)
 
 
 def parse_method(label: str) -> Any:
-    """The ``BlendConfig`` a ``label()`` names: ``k16``, ``k16-r0.3@1``, ``k16-r0.3@1,4-L8``
-    (``InvalidRequestError`` naming the label otherwise)."""
+    """The ``BlendConfig`` a ``label()`` names: ``k16``, ``k16-r0.3@1``, ``k16-q0.1``,
+    ``k16-r0.3@1,4-q0.05-L8`` (``InvalidRequestError`` naming the label otherwise)."""
     import re
 
     from suffixmem.engine.reuse.blend import BlendConfig
     from suffixmem.errors import InvalidRequestError
 
-    m = re.fullmatch(r"k(\d+)(?:-r([0-9.]+)@([0-9,]+))?(?:-L(\d+))?", label.strip())
+    m = re.fullmatch(r"k(\d+)(?:-r([0-9.]+)@([0-9,]+))?(?:-q([0-9.]+))?(?:-L(\d+))?",
+                     label.strip())
     if m is None:
         raise InvalidRequestError(f"method {label!r}: expected a label such as k16, "
-                                  "k16-r0.3@1 or k16-L4")
-    k, r, layers, full = m.groups()
+                                  "k16-r0.3@1, k16-q0.1 or k16-L4")
+    k, r, layers, q, full = m.groups()
     return BlendConfig(first_k=int(k), ratio=float(r or 0.0),
                        check_layers=tuple(int(x) for x in (layers or "1").split(",") if x),
-                       full_layers=int(full or 0))
+                       full_layers=int(full or 0), query_ratio=float(q or 0.0))
 
 
 def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequence[Any],
@@ -231,7 +232,7 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
             rest = forward_layers(runner, bt, cont[:-1], range(n, n + continuation - 1),
                                   n + continuation - 1, want_logits=True)
             kl, top1, free = compare(ref, torch.cat([first, rest]))
-            work = len(pl.compute_positions) * layers + pl.checked_layers * n
+            work = (len(pl.compute_positions) + pl.drafted) * layers + pl.checked_layers * n
             row = acc[blend.label()]
             same = round(free * continuation)  # the first disagreeing step
             for key, value in (("mean_kl", kl), ("top1_agreement", top1),

@@ -237,7 +237,7 @@ def register(bench: typer.Typer) -> None:
             0, help="Prompts per scenario (same_context, independent, reordered); 0: --prompts."),
         methods: str = typer.Option(
             "", help="Recompute methods, space-separated labels such as 'k16 k16-r0.3@1 "
-                     "k16-L4'; empty: all of segment_scenarios.METHODS."),
+                     "k16-q0.1 k16-L4'; empty: all of segment_scenarios.METHODS."),
         method_scenarios: str = typer.Option(
             "same_context,independent,reordered",
             help="Scenarios every method is measured on (comma list; independent decides)."),

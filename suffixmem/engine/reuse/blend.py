@@ -10,12 +10,19 @@ the old prefix (not fixable without recomputation). Two cheap remedies, combined
 - **top r by deviation** (CacheBlend): at a check layer, compute the segment's KV in the new
   context for real and compare it with the cached KV; the ratio ``r`` of tokens that deviate
   most are recomputed in every layer above, the rest reuse the cache.
+- **top q by the question's attention** (query-aware, for RAG): the tokens left to compute
+  are computed in a draft pass over every layer against the placed KV, and the share ``q`` of
+  all reused tokens that the prompt's tail (its last ``placement.QUERY_ROWS`` tokens: the
+  question and the reply header) attends to most, summed over layers and heads, is recomputed.
+  Deviation asks which tokens changed most; this asks which ones the answer reads, which is
+  where an approximation costs answers (a code in one of three passages).
 - **fresh lower layers** (a per-layer choice): every segment token is computed in the new
   context through the first ``full_layers`` layers, so that only the layers above read cached
   KV. Layer 0's KV depends on the token and its position alone (re-rotation makes it exact);
   each layer above mixes in more of the old context.
 
-``select_recompute`` is pure Python; ``kv_deviation`` works on tensors (torch imported lazily).
+``select_recompute`` and ``select_attended`` are pure Python; ``kv_deviation`` works on tensors
+(torch imported lazily).
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ class BlendConfig:
       highest one are computed for the whole segment in the new context.
     - ``full_layers``: the lowest layers computed for every segment token in the new context
       whether or not a check runs (``0``: none beyond what the check needs).
+    - ``query_ratio``: share (0..1) of all reused tokens (across segments, beyond the first k
+      and the top r) recomputed because the prompt's tail attends to them most in a draft
+      pass; ``0`` skips the draft.
 
     The defaults (k = 16, r = 0) are ``suffixmem bench segments``' choice on SmolLM2-135M:
     teacher-forced top-1 agreement 0.979 and mean KL 0.003 against full recomputation, with a
@@ -53,6 +63,7 @@ class BlendConfig:
     ratio: float = 0.0
     check_layers: tuple[int, ...] = field(default=(1,))
     full_layers: int = 0
+    query_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.first_k, bool) or not isinstance(self.first_k, int) or self.first_k < 0:
@@ -63,6 +74,8 @@ class BlendConfig:
         if not self.check_layers or self.check_layers[0] < 0:
             raise ConfigError(f"check_layers must be non-empty layer indices >= 0, got "
                               f"{self.check_layers}")
+        if not 0.0 <= float(self.query_ratio) <= 1.0 or math.isnan(float(self.query_ratio)):
+            raise ConfigError(f"query_ratio must be in [0, 1], got {self.query_ratio}")
         if (isinstance(self.full_layers, bool) or not isinstance(self.full_layers, int)
                 or self.full_layers < 0):
             raise ConfigError(f"full_layers must be an integer >= 0, got {self.full_layers!r}")
@@ -79,10 +92,12 @@ class BlendConfig:
         return max(self.full_layers, self.check_layers[-1] + 1 if self.needs_check else 0)
 
     def label(self) -> str:
-        """A short name for reports: ``k16``, ``k16-r0.3@1``, ``k16-L4``."""
+        """A short name for reports: ``k16``, ``k16-r0.3@1``, ``k16-q0.1``, ``k16-L4``."""
         out = f"k{self.first_k}"
         if self.needs_check:
             out += f"-r{self.ratio:g}@{','.join(map(str, self.check_layers))}"
+        if self.query_ratio:
+            out += f"-q{self.query_ratio:g}"
         if self.full_layers:
             out += f"-L{self.full_layers}"
         return out
@@ -108,6 +123,15 @@ def select_recompute(
         raise ValueError(f"need {num_tokens} deviation values for top-r selection")
     rest = sorted(range(k, num_tokens), key=lambda i: (-float(deviation[i]), i))
     return sorted(chosen + rest[:want])
+
+
+def select_attended(candidates: Sequence[int], mass: Sequence[float], want: int) -> list[int]:
+    """Sorted subset of ``candidates`` (positions) of size ``min(want, len(candidates))``: those
+    of highest ``mass`` (one value per candidate; ties: the earlier position)."""
+    if len(mass) != len(candidates):
+        raise ValueError(f"need {len(candidates)} attention values, got {len(mass)}")
+    order = sorted(range(len(candidates)), key=lambda i: (-float(mass[i]), candidates[i]))
+    return sorted(candidates[i] for i in order[:max(0, want)])
 
 
 def kv_deviation(

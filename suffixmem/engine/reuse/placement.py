@@ -16,6 +16,11 @@ This is the tensor half of segment reuse; it runs on the torch engine's ``ModelR
    recomputation, as is every uncached token outside the segments and always the last prompt
    token (its logits start decoding). The result lists them; the caller computes them over all
    layers (``ModelRunner.forward`` with those positions and ``context_len = len(prompt)``).
+4. With ``blend.query_ratio > 0`` the positions of step 3 are first computed here over every
+   layer (a draft), recording how much attention the prompt's last ``QUERY_ROWS`` tokens pay
+   to each reused position; the ``round(q * reused)`` most attended reused positions join the
+   recomputation. Drafted positions before the first of them keep their K/V (nothing they
+   attend to changes) and leave the list; the later ones are recomputed with the rest.
 
 The final layout has every position ``0 .. N-1`` exactly once and attention stays causal by
 position: a position either holds cached K/V re-rotated to it or is computed there. Nothing here
@@ -34,6 +39,7 @@ from suffixmem.engine.reuse.blend import (
     BlendConfig,
     combine_deviations,
     kv_deviation,
+    select_attended,
     select_recompute,
 )
 
@@ -41,6 +47,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from suffixmem.engine.torch.model_runner import ModelRunner
+
+QUERY_ROWS = 32
+"""How many of the prompt's last tokens count as its question for query-aware recompute: a
+chat template's reply header is ~5 tokens, and a question of a sentence or two fits."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,13 +79,17 @@ class Placement:
     all layers; ``reused_positions`` hold re-rotated cached K/V in the layers above the fresh
     ones. ``recomputed`` counts segment tokens among ``compute_positions``; ``checked_layers``
     is how many lower layers were computed for the whole uncached span (``blend.fresh_depth``,
-    0 without sources).
+    0 without sources). ``drafted`` counts the positions the query-aware draft computed over
+    every layer (step 4); those before the first attended pick are in neither tuple: their K/V
+    is final. Work done here, in token-layers: ``checked_layers * (N - num_cached) + drafted *
+    num_layers``.
     """
 
     compute_positions: tuple[int, ...]
     reused_positions: tuple[int, ...]
     recomputed: int
     checked_layers: int
+    drafted: int = 0
 
 
 def forward_layers(
@@ -87,12 +101,15 @@ def forward_layers(
     num_layers: int | None = None,
     kv_out: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     want_logits: bool = False,
+    attention_mass: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Compute ``token_ids`` at ``positions`` of one sequence through layers ``0..num_layers-1``
     (all by default), writing their K/V into the pool; every context position not computed here
     must already hold K/V. ``kv_out[layer]`` receives that layer's fresh ``(k, v)``
     ``[N, KV, D]`` for the layers it names. Returns the logits ``[N, V]`` (fp32) of every
     computed token when ``want_logits`` (requires all layers), else ``None``.
+    ``attention_mass`` (fp32 ``[context_len]``) accumulates, over the layers run, heads and the
+    last ``QUERY_ROWS`` computed tokens, the softmax attention each context position receives.
 
     The runner's own ``forward`` returns only the last token's logits; teacher-forced evaluation
     and the check-layer pass need this all-rows, partial-depth variant.
@@ -117,9 +134,15 @@ def forward_layers(
             pool.write(layer, slots, k, v)
             if kv_out is not None and layer in kv_out:
                 kv_out[layer] = (k, v)
-            if layer == depth - 1 and not want_logits:
+            last = layer == depth - 1 and not want_logits
+            if last and attention_mass is None:
                 break  # the last layer's K/V is all a partial pass needs
             kc, vc = pool.gather(layer, blocks)
+            if attention_mass is not None:
+                attention_mass += _attention_mass(q[-QUERY_ROWS:], kc[:context_len],
+                                                  pos[-QUERY_ROWS:], m.scale)
+            if last:
+                break
             out = m.attend(q, kc[:context_len], vc[:context_len], pos, k_pos)
             assert not isinstance(out, tuple)
             h = m.finish(layer, h, out)
@@ -204,8 +227,35 @@ def place_segments(
     if n - 1 in reused:  # the last prompt token's logits start decoding: always compute it
         reused.discard(n - 1)
         recomputed += 1
-    compute = tuple(p for p in range(num_cached, n) if p not in reused)
-    return Placement(compute, tuple(sorted(reused)), recomputed, depth)
+    compute = [p for p in range(num_cached, n) if p not in reused]
+    want = round(blend.query_ratio * len(reused))
+    if not want:
+        return Placement(tuple(compute), tuple(sorted(reused)), recomputed, depth)
+    # step 4: draft the computed positions, then recompute what the tail attends to most
+    mass = torch.zeros(n, dtype=torch.float32)
+    forward_layers(runner, block_table, [prompt_ids[p] for p in compute], compute, n,
+                   attention_mass=mass)
+    candidates = sorted(reused)
+    picked = select_attended(candidates, mass[candidates].tolist(), want)
+    reused.difference_update(picked)
+    first = picked[0]
+    redo = sorted({*picked, *(p for p in compute if p > first)})
+    return Placement(tuple(redo), tuple(sorted(reused)), recomputed + len(picked), depth,
+                     drafted=len(compute))
+
+
+def _attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """Softmax attention of queries ``q`` ``[R, H, D]`` at positions ``q_pos`` over keys ``k``
+    ``[C, KV, D]`` (positions ``0..C-1``, causal), summed over queries and heads: ``[C]``."""
+    import torch
+
+    rep = q.shape[1] // k.shape[1]
+    kh = k.float().repeat_interleave(rep, dim=1)  # [C, H, D]
+    scores = torch.einsum("rhd,chd->hrc", q.float(), kh) * scale
+    future = torch.arange(k.shape[0]).unsqueeze(0) > q_pos.unsqueeze(1)  # [R, C]
+    scores.masked_fill_(future.unsqueeze(0), float("-inf"))
+    return scores.softmax(dim=-1).sum(dim=(0, 1))
 
 
 def _rotate_in_place(k: torch.Tensor, delta: int, theta: float) -> None:

@@ -9,6 +9,7 @@ from suffixmem.engine.reuse.blend import (
     BlendConfig,
     combine_deviations,
     kv_deviation,
+    select_attended,
     select_recompute,
 )
 from suffixmem.errors import ConfigError
@@ -46,7 +47,8 @@ def test_num_deviating_never_exceeds_the_rest() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [{"first_k": -1}, {"first_k": 1.5}, {"ratio": 1.5}, {"ratio": -0.1}, {"check_layers": ()},
-     {"check_layers": (-1,)}, {"full_layers": -1}, {"full_layers": True}],
+     {"check_layers": (-1,)}, {"full_layers": -1}, {"full_layers": True},
+     {"query_ratio": 1.01}, {"query_ratio": -0.5}, {"query_ratio": float("nan")}],
 )
 def test_config_is_validated(kwargs: dict) -> None:
     with pytest.raises(ConfigError):
@@ -65,6 +67,23 @@ def test_fresh_depth_and_label() -> None:
     assert deep.fresh_depth == 8 and deep.label() == "k0-r0.15@1-L8"
     # the check layers count only when a check runs
     assert BlendConfig(check_layers=(6,), full_layers=2).fresh_depth == 2
+    # query-aware recompute drafts over every layer after placement: no fresh layers of its own
+    query = BlendConfig(first_k=16, query_ratio=0.1)
+    assert query.fresh_depth == 0 and query.label() == "k16-q0.1"
+    both = BlendConfig(first_k=4, ratio=0.2, query_ratio=0.05, full_layers=2)
+    assert both.label() == "k4-r0.2@1-q0.05-L2"
+
+
+def test_select_attended_takes_the_most_attended_positions() -> None:
+    positions = [40, 41, 42, 50, 51, 60]
+    mass = [0.1, 2.0, 0.3, 2.0, 0.0, 5.0]
+    assert select_attended(positions, mass, 2) == [41, 60]
+    assert select_attended(positions, mass, 3) == [41, 50, 60]  # tie 41/50: both fit
+    assert select_attended(positions, [1.0] * 6, 2) == [40, 41]  # ties: the earlier position
+    assert select_attended(positions, mass, 0) == []
+    assert select_attended(positions, mass, 99) == positions
+    with pytest.raises(ValueError, match="need 6 attention values"):
+        select_attended(positions, mass[:5], 2)
 
 
 def test_kv_deviation_ranks_the_perturbed_tokens() -> None:

@@ -189,3 +189,39 @@ def test_fresh_lower_layers_are_recomputed_and_all_fresh_is_exact(rig, enc) -> N
     assert (got[-1] - ref[-1]).abs().max().item() < 1e-3
     for b in (src_bt, ref_bt, bt):
         rig.blocks.decref(b)
+
+
+def test_query_aware_recompute_picks_what_the_question_reads(rig, enc) -> None:  # type: ignore[no-untyped-def]
+    """``query_ratio``: the share q of reused tokens the question attends to most is recomputed;
+    drafted positions before the first pick keep final K/V (full recomputation's), later ones
+    are recomputed; the moved segment's logits move towards full recomputation's."""
+    src_bt, slots, start = cached_segment(rig, enc, PREFIX_A)
+    pre = enc(PREFIX_B)
+    ids = pre + enc(DOC) + enc(QUESTION_1)
+    ref_bt, ref = full(rig, ids)
+    seg = set(range(len(pre), len(pre) + len(slots)))
+    bt, pl, got = reuse(rig, ids, len(pre), slots, start, BlendConfig(4, query_ratio=0.25))
+    computed, reused = set(pl.compute_positions), set(pl.reused_positions)
+    picked = seg - reused - set(range(len(pre), len(pre) + 4))
+    assert len(picked) == round(0.25 * (len(slots) - 4)) and picked <= computed
+    assert not computed & reused and pl.compute_positions[-1] == len(ids) - 1
+    assert pl.recomputed == 4 + len(picked)
+    assert pl.drafted == len(ids) - (len(slots) - 4)  # everything but the reused tokens
+    kept = set(range(len(ids))) - computed - reused
+    assert kept == set(range(min(picked))) - reused and len(kept) >= len(pre) + 4
+    pool = rig.runner.kv_pool
+    kept_k = pool.k[:, rig.runner.slots(bt, sorted(kept))]
+    assert (kept_k - pool.k[:, rig.runner.slots(ref_bt, sorted(kept))]).abs().max() < 1e-3
+    base_bt, _, base = reuse(rig, ids, len(pre), slots, start, BlendConfig(4))
+
+    def kl(logits: torch.Tensor) -> float:
+        lp, lq = torch.log_softmax(ref[-1], -1), torch.log_softmax(logits[-1], -1)
+        return float((lp.exp() * (lp - lq)).sum())
+
+    assert kl(got) < kl(base)
+    # every reused token picked: the recomputation is complete and the logits exact
+    all_bt, every, exact = reuse(rig, ids, len(pre), slots, start, BlendConfig(4, query_ratio=1))
+    assert not every.reused_positions
+    assert (exact[-1] - ref[-1]).abs().max().item() < 1e-3
+    for b in (src_bt, ref_bt, bt, base_bt, all_bt):
+        rig.blocks.decref(b)
