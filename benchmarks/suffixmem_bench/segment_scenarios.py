@@ -10,10 +10,10 @@ Three ways the cached segments came to be, the same evaluated prompt
 - ``reordered``: both documents were computed behind another dialogue in the swapped order.
 
 Every recompute method of ``METHODS`` (``BlendConfig``: first k, top r at check layers, fresh
-lower layers) is measured on the primitives (``methods_quality``); ``choose_method`` picks the
-cheapest one that passes ``GATE`` on the independent construction (else the most accurate), and
-that one also runs through the serving engine. Per scenario, against full recomputation of the
-evaluated prompt:
+lower layers, top q by the question's attention) is measured on the primitives
+(``methods_quality``); ``choose_method`` picks the cheapest one that passes ``GATE`` on the
+independent construction (else the most accurate), and that one also runs through the serving
+engine. Per scenario, against full recomputation of the evaluated prompt:
 
 - ``mean_kl`` / ``top1_agreement``: teacher-forced over the reference's greedy continuation, on
   the engine's own primitives (``Llama`` + ``place_segments``) in the serving dtype (bf16);
@@ -139,29 +139,32 @@ def _with_code(body: str, sentence: str, count: Callable[[str], int], limit: int
     return "\n\n".join([*paras[:at], sentence, *paras[at:]])
 
 
-METHODS: tuple[tuple[int, float, tuple[int, ...], int], ...] = (
-    (0, 0.0, (1,), 0),     # re-rotation only
-    (16, 0.0, (1,), 0),    # boundary: the first tokens of each segment (EPIC, attention sink)
-    (32, 0.0, (1,), 0),
-    (0, 0.15, (1,), 0),    # CacheBlend: the 15% most deviating tokens at layer 1
-    (16, 0.15, (1,), 0),   # both
-    (16, 0.3, (1,), 0),
-    (16, 0.5, (1,), 0),
-    (16, 0.3, (4,), 0),    # per-layer: deviation measured deeper
-    (16, 0.0, (1,), 4),    # per-layer: the lowest 4 layers fresh for every token
-    (16, 0.3, (1,), 8),
-    (0, 1.0, (1,), 0),     # control: everything recomputed through the reuse path
+METHODS: tuple[tuple[int, float, tuple[int, ...], int, float], ...] = (
+    (0, 0.0, (1,), 0, 0.0),     # re-rotation only
+    (16, 0.0, (1,), 0, 0.0),    # boundary: the first tokens of each segment (EPIC, sinks)
+    (32, 0.0, (1,), 0, 0.0),
+    (0, 0.15, (1,), 0, 0.0),    # CacheBlend: the 15% most deviating tokens at layer 1
+    (16, 0.15, (1,), 0, 0.0),   # both
+    (16, 0.3, (1,), 0, 0.0),
+    (16, 0.5, (1,), 0, 0.0),
+    (16, 0.3, (4,), 0, 0.0),    # per-layer: deviation measured deeper
+    (16, 0.0, (1,), 4, 0.0),    # per-layer: the lowest 4 layers fresh for every token
+    (16, 0.3, (1,), 8, 0.0),
+    (16, 0.0, (1,), 0, 0.2),    # query-aware: the 20% of reused tokens the question reads most
+    (16, 0.0, (1,), 0, 0.4),
+    (0, 1.0, (1,), 0, 0.0),     # control: everything recomputed through the reuse path
 )
-"""``(first_k, ratio, check_layers, full_layers)`` of every recompute method measured, cheapest
-families first. The control shows the harness's own numerical floor."""
+"""``(first_k, ratio, check_layers, full_layers, query_ratio)`` of every recompute method
+measured, cheapest families first. The control shows the harness's own numerical floor."""
 
 
-def blends(methods: Sequence[tuple[int, float, tuple[int, ...], int]] = METHODS) -> list[Any]:
+def blends(methods: Sequence[tuple[int, float, tuple[int, ...], int, float]] = METHODS
+           ) -> list[Any]:
     """``BlendConfig``s of ``methods``."""
     from suffixmem.engine.reuse.blend import BlendConfig
 
-    return [BlendConfig(first_k=k, ratio=r, check_layers=c, full_layers=f)
-            for k, r, c, f in methods]
+    return [BlendConfig(first_k=k, ratio=r, check_layers=c, full_layers=f, query_ratio=q)
+            for k, r, c, f, q in methods]
 
 
 def parse_method(label: str) -> Any:

@@ -12,10 +12,12 @@ the old prefix (not fixable without recomputation). Two cheap remedies, combined
   most are recomputed in every layer above, the rest reuse the cache.
 - **top q by the question's attention** (query-aware, for RAG): the tokens left to compute
   are computed in a draft pass over every layer against the placed KV, and the share ``q`` of
-  all reused tokens that the prompt's tail (its last ``placement.QUERY_ROWS`` tokens: the
-  question and the reply header) attends to most, summed over layers and heads, is recomputed.
-  Deviation asks which tokens changed most; this asks which ones the answer reads, which is
-  where an approximation costs answers (a code in one of three passages).
+  all reused tokens that add most to the outputs of the prompt's tail (its last
+  ``placement.QUERY_ROWS`` tokens: the question and the reply header; softmax attention times
+  the value's norm, summed over layers and heads) is recomputed, each pick with the
+  ``placement.QUERY_FOLLOW`` tokens after it. Deviation asks which tokens changed most; this
+  asks which ones the answer reads, which is where an approximation costs answers (a code in
+  one of three passages).
 - **fresh lower layers** (a per-layer choice): every segment token is computed in the new
   context through the first ``full_layers`` layers, so that only the layers above read cached
   KV. Layer 0's KV depends on the token and its position alone (re-rotation makes it exact);
@@ -125,13 +127,26 @@ def select_recompute(
     return sorted(chosen + rest[:want])
 
 
-def select_attended(candidates: Sequence[int], mass: Sequence[float], want: int) -> list[int]:
-    """Sorted subset of ``candidates`` (positions) of size ``min(want, len(candidates))``: those
-    of highest ``mass`` (one value per candidate; ties: the earlier position)."""
+def select_attended(candidates: Sequence[int], mass: Sequence[float], want: int,
+                    follow: int = 0) -> list[int]:
+    """Sorted subset of ``candidates`` (sorted positions) of size ``min(want, len(candidates))``:
+    down the ranking by ``mass`` (one value per candidate; ties: the earlier position), each
+    position is taken with the ``follow`` candidate positions right after it (``p + 1`` ...,
+    while they are candidates), until ``want`` are taken."""
     if len(mass) != len(candidates):
         raise ValueError(f"need {len(candidates)} attention values, got {len(mass)}")
+    present = set(candidates)
     order = sorted(range(len(candidates)), key=lambda i: (-float(mass[i]), candidates[i]))
-    return sorted(candidates[i] for i in order[:max(0, want)])
+    taken: set[int] = set()
+    for i in order:
+        if len(taken) >= want:
+            break
+        p = candidates[i]
+        for q in range(p, p + follow + 1):
+            if q not in present or len(taken) >= want:
+                break
+            taken.add(q)
+    return sorted(taken)
 
 
 def kv_deviation(

@@ -17,10 +17,11 @@ This is the tensor half of segment reuse; it runs on the torch engine's ``ModelR
    token (its logits start decoding). The result lists them; the caller computes them over all
    layers (``ModelRunner.forward`` with those positions and ``context_len = len(prompt)``).
 4. With ``blend.query_ratio > 0`` the positions of step 3 are first computed here over every
-   layer (a draft), recording how much attention the prompt's last ``QUERY_ROWS`` tokens pay
-   to each reused position; the ``round(q * reused)`` most attended reused positions join the
-   recomputation. Drafted positions before the first of them keep their K/V (nothing they
-   attend to changes) and leave the list; the later ones are recomputed with the rest.
+   layer (a draft), recording what each reused position adds to the outputs of the prompt's
+   last ``QUERY_ROWS`` tokens (attention times value norm); ``round(q * reused)`` reused
+   positions join the recomputation, the top ones each with the ``QUERY_FOLLOW`` after it
+   (``blend.select_attended``). Drafted positions before the first pick keep their K/V
+   (nothing they attend to changes) and leave the list; the later ones are recomputed.
 
 The final layout has every position ``0 .. N-1`` exactly once and attention stays causal by
 position: a position either holds cached K/V re-rotated to it or is computed there. Nothing here
@@ -51,6 +52,9 @@ if TYPE_CHECKING:  # pragma: no cover
 QUERY_ROWS = 32
 """How many of the prompt's last tokens count as its question for query-aware recompute: a
 chat template's reply header is ~5 tokens, and a question of a sentence or two fits."""
+QUERY_FOLLOW = 3
+"""Tokens after each attended pick recomputed with it: the question matches a phrase ("the
+code of Document 2"), and what the answer copies is what follows it ("is 9376")."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -109,7 +113,8 @@ def forward_layers(
     ``[N, KV, D]`` for the layers it names. Returns the logits ``[N, V]`` (fp32) of every
     computed token when ``want_logits`` (requires all layers), else ``None``.
     ``attention_mass`` (fp32 ``[context_len]``) accumulates, over the layers run, heads and the
-    last ``QUERY_ROWS`` computed tokens, the softmax attention each context position receives.
+    last ``QUERY_ROWS`` computed tokens, what each context position adds to their attention
+    outputs (``_attention_mass``).
 
     The runner's own ``forward`` returns only the last token's logits; teacher-forced evaluation
     and the check-layer pass need this all-rows, partial-depth variant.
@@ -140,7 +145,7 @@ def forward_layers(
             kc, vc = pool.gather(layer, blocks)
             if attention_mass is not None:
                 attention_mass += _attention_mass(q[-QUERY_ROWS:], kc[:context_len],
-                                                  pos[-QUERY_ROWS:], m.scale)
+                                                  vc[:context_len], pos[-QUERY_ROWS:], m.scale)
             if last:
                 break
             out = m.attend(q, kc[:context_len], vc[:context_len], pos, k_pos)
@@ -236,7 +241,7 @@ def place_segments(
     forward_layers(runner, block_table, [prompt_ids[p] for p in compute], compute, n,
                    attention_mass=mass)
     candidates = sorted(reused)
-    picked = select_attended(candidates, mass[candidates].tolist(), want)
+    picked = select_attended(candidates, mass[candidates].tolist(), want, QUERY_FOLLOW)
     reused.difference_update(picked)
     first = picked[0]
     redo = sorted({*picked, *(p for p in compute if p > first)})
@@ -244,10 +249,13 @@ def place_segments(
                      drafted=len(compute))
 
 
-def _attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
+def _attention_mass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
                     scale: float) -> torch.Tensor:
-    """Softmax attention of queries ``q`` ``[R, H, D]`` at positions ``q_pos`` over keys ``k``
-    ``[C, KV, D]`` (positions ``0..C-1``, causal), summed over queries and heads: ``[C]``."""
+    """How much each key position contributes to the outputs of queries ``q`` ``[R, H, D]`` at
+    positions ``q_pos``: softmax attention over keys ``k`` ``[C, KV, D]`` (positions
+    ``0..C-1``, causal) times the norm of that position's value ``v`` ``[C, KV, D]``, summed
+    over queries and heads: ``[C]``. The value norm matters: attention sinks (a sentence's
+    full stop, "the") take much of the softmax and contribute little, having small values."""
     import torch
 
     rep = q.shape[1] // k.shape[1]
@@ -255,7 +263,8 @@ def _attention_mass(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
     scores = torch.einsum("rhd,chd->hrc", q.float(), kh) * scale
     future = torch.arange(k.shape[0]).unsqueeze(0) > q_pos.unsqueeze(1)  # [R, C]
     scores.masked_fill_(future.unsqueeze(0), float("-inf"))
-    return scores.softmax(dim=-1).sum(dim=(0, 1))
+    vnorm = v.float().norm(dim=-1).repeat_interleave(rep, dim=1).T  # [H, C]
+    return (scores.softmax(dim=-1).sum(dim=1) * vnorm).sum(dim=0)
 
 
 def _rotate_in_place(k: torch.Tensor, delta: int, theta: float) -> None:

@@ -84,6 +84,10 @@ def test_select_attended_takes_the_most_attended_positions() -> None:
     assert select_attended(positions, mass, 99) == positions
     with pytest.raises(ValueError, match="need 6 attention values"):
         select_attended(positions, mass[:5], 2)
+    # follow: each pick brings the candidates right after it (not past a gap), within ``want``
+    assert select_attended(positions, mass, 4, follow=1) == [41, 42, 50, 60]
+    assert select_attended(positions, mass, 2, follow=3) == [41, 60]
+    assert select_attended(positions, [0, 0, 0, 0, 0, 1.0], 3, follow=2) == [40, 41, 60]
 
 
 def test_kv_deviation_ranks_the_perturbed_tokens() -> None:

@@ -225,3 +225,16 @@ def test_query_aware_recompute_picks_what_the_question_reads(rig, enc) -> None: 
     assert (exact[-1] - ref[-1]).abs().max().item() < 1e-3
     for b in (src_bt, ref_bt, bt, base_bt, all_bt):
         rig.blocks.decref(b)
+
+
+def test_attention_contribution_weighs_attention_by_value_norm() -> None:
+    """Query-aware selection ranks by what a key adds to the outputs (softmax attention times
+    its value's norm), causally: equal attention, larger value, larger share; future keys 0."""
+    from suffixmem.engine.reuse.placement import _attention_mass
+
+    q = torch.zeros(1, 2, 4)  # two query heads sharing one KV head; zero scores: uniform
+    k = torch.randn(4, 1, 4)
+    v = torch.zeros(4, 1, 4)
+    v[:, 0, 0] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    got = _attention_mass(q, k, v, torch.tensor([2]), scale=0.125)
+    assert torch.allclose(got, torch.tensor([2 / 3, 4 / 3, 2.0, 0.0]))
