@@ -45,7 +45,7 @@ CACHE_THRESHOLD = 0.6
 class Tier(Enum):
     """How long a segment is kept."""
 
-    PINNED = "pinned"  # no expiry, not evicted for space
+    PINNED = "pinned"  # no expiry; evicted for space only when no other entry is left
     EXTENDED = "extended"  # the extended TTL after last use
     STANDARD = "standard"  # the standard (session) TTL after last use
     NONE = "none"  # not cached

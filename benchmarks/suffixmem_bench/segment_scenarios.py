@@ -297,6 +297,8 @@ def scenario_engine(engine: Any, prompts: Sequence[ScenarioPrompt], blend: Any, 
                 right["task_reuse_accuracy"].append(float(answer_of(got.text) == p.answer))
             exact_t.append(ref.ttft_s)
             reuse_t.append(got.ttft_s)
+            # each prompt reuses its own fills only, whatever the cache's budget and policy
+            engine.run_in_driver(lambda _e: hook.cache.clear())
     finally:
         engine.run_in_driver(lambda _e: hook.cache.clear())
         engine.reuse = None

@@ -10,11 +10,12 @@ stays in the pool. Contract:
   session's; a hit re-checks the stored token ids, so a hash collision is a miss.
 - **Lifetime.** A ``suffixmem.retention`` policy picks each segment's tier (the same policy
   object the manager's segment log uses). The default, ``PinnedLRU``, pins shared segments (no
-  expiry, never evicted for space) and keeps session segments ``session_ttl_s`` (5 minutes)
-  after their last use, least recently used evicted first. With a value scorer (``scorer=``,
-  i.e. ``ValueTiers``) the score picks the tier: ``>= pinned_threshold`` (0.85) pinned,
-  ``[cache_threshold, pinned_threshold)`` lives ``extended_ttl_s`` (30 minutes) after its last
-  use, below is not cached. Times come from an injectable clock (seconds).
+  expiry; evicted for space only when no unpinned entry is left) and keeps session segments
+  ``session_ttl_s`` (5 minutes) after their last use, least recently used evicted first. With
+  a value scorer (``scorer=``, i.e. ``ValueTiers``) the score picks the tier:
+  ``>= pinned_threshold`` (0.85) pinned, ``[cache_threshold, pinned_threshold)`` lives
+  ``extended_ttl_s`` (30 minutes) after its last use, below is not cached. Times come from an
+  injectable clock (seconds).
 - **Never stale.** Expired, evicted, released or foreign-session entries are never returned:
   ``lookup`` checks expiry against the clock before answering.
 - **Leases.** ``leased(...)`` hands out a hit whose blocks carry an extra reference for the
@@ -319,7 +320,12 @@ class SegmentCache:
         if need > budget:
             return False
         self._blocks_of(self._expired_keys(now), "expired")
-        for key in [k for k, e in self._entries.items() if e.hit.tier is not Tier.PINNED]:
+        # unpinned entries first, least recently used first; pinned ones only when nothing else
+        # is left, else a budget full of pinned segments (every shared passage, under the
+        # default policy) would refuse every later segment for good
+        unpinned = [k for k, e in self._entries.items() if e.hit.tier is not Tier.PINNED]
+        pinned = [k for k, e in self._entries.items() if e.hit.tier is Tier.PINNED]
+        for key in [*unpinned, *pinned]:
             if self._num_blocks + need <= budget:
                 break
             self._blocks_of([key], "evicted")

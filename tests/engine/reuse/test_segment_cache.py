@@ -188,6 +188,21 @@ def test_budget_evicts_lru_unpinned_and_keeps_pinned() -> None:
     assert hit is None and all(pool.ref_count(x) == 0 for x in blocks)
 
 
+def test_a_budget_full_of_pinned_segments_still_admits_new_ones() -> None:
+    """Pinned entries never expire and go last, but they do go: otherwise shared passages that
+    fill the budget would shut the cache to every later segment."""
+    pool, _, cache = make(max_blocks=12)
+    a, b, c = (tuple(range(s, s + 20)) for s in (1, 21, 41))
+    _, first = put(cache, pool, ids=a, shared=True)  # the default policy pins shared segments
+    put(cache, pool, ids=b, shared=True)
+    assert first is not None and first.tier is Tier.PINNED
+    assert cache.lookup("s2", a) is not None  # a is now used more recently than b
+    _, hit = put(cache, pool, ids=c)  # full of pinned entries: the least recently used goes
+    assert hit is not None and cache.contains("s1", c)
+    assert cache.contains("s3", a) and not cache.contains("s3", b)
+    assert cache.stats().evicted == 1
+
+
 def test_reput_of_live_entry_keeps_the_first_copy() -> None:
     pool, _, cache = make()
     first, hit1 = put(cache, pool)
