@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from suffixmem.engine.protocol import Request, Segment
 from suffixmem.engine.reuse.anchors import merge_segments
-from suffixmem.engine.reuse.blend import BlendConfig
+from suffixmem.engine.reuse.blend import DEFAULT_BLEND, BlendConfig
 from suffixmem.engine.reuse.context_shift import SHIFT_BLEND, ContextShift, subtract
 from suffixmem.engine.reuse.placement import SegmentSource, place_segments
 from suffixmem.engine.reuse.segment_cache import (
@@ -60,7 +60,7 @@ class SegmentReuseHook:
                  engine: ReuseEngine | None = None,
                  shift: ContextShift | None = None, documents: bool = True) -> None:
         self.cache = cache
-        self.blend = blend or BlendConfig()
+        self.blend = blend or DEFAULT_BLEND
         self.engine = engine
         self.shift = shift
         self.documents = documents
@@ -91,7 +91,7 @@ class SegmentReuseHook:
             budget = max(1, int(engine.block_pool.num_blocks * DEFAULT_BUDGET_SHARE))
             cache_config = SegmentCacheConfig(max_blocks=budget)
         own_blend = blend is not None
-        blend = blend or BlendConfig()
+        blend = blend or DEFAULT_BLEND
         if blend.fresh_depth > engine.model.config.num_layers:
             raise ValueError(
                 f"{blend.label()} needs {blend.fresh_depth} fresh layers: the model has "

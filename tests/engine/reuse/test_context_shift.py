@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from suffixmem.engine.protocol import Message, Request, SamplingParams, Segment
-from suffixmem.engine.reuse.blend import BlendConfig
+from suffixmem.engine.reuse.blend import DEFAULT_BLEND, BlendConfig
 from suffixmem.engine.reuse.context_shift import ContextShift, ShiftRun, find_runs, subtract
 from suffixmem.engine.reuse.hook import SegmentReuseHook
 from suffixmem.engine.reuse.segment_cache import SegmentCacheConfig
@@ -110,7 +110,7 @@ def test_shifted_runs_use_their_own_method_unless_the_hook_was_given_one() -> No
 
     default = SegmentReuseHook.install(Engine())  # type: ignore[arg-type]
     assert default.shift is not None and default.shift.blend == SHIFT_BLEND
-    assert default.blend == BlendConfig() and default.documents
+    assert default.blend == DEFAULT_BLEND and default.documents
     given = SegmentReuseHook.install(Engine(), BlendConfig(first_k=16),  # type: ignore[arg-type]
                                      documents=False)
     assert given.shift is not None and given.shift.blend is None and not given.documents
