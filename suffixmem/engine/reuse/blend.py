@@ -112,10 +112,10 @@ DEFAULT_BLEND = BlendConfig(first_k=16)
 """The segment-reuse hook's method when none is given (``k16``): what a caller opting in for
 speed gets. On the rag workload it answers as the exact run in 83% of 59 reuse events (the gate
 asks 90%) at 0.28x stock vLLM's time to first token. ``k16-q0.4`` (query-aware recompute)
-passes the gate there (93%) and on independent documents (92%), but at ~0.96x stock vLLM's TTFT
-on that workload, no faster than exact recomputation (``bench chat --workload rag``,
-2026-12-03): pass ``BlendConfig(first_k=16, query_ratio=0.4)`` to trade the speed for it
-(docs/segment-reuse.md)."""
+passes the gate there (93%) and on independent documents (92%), but at 1.04x stock vLLM's TTFT
+on that workload (0.94x from turn 8), barely faster than exact recomputation (``bench chat
+--workload rag``, 2026-12-03): pass ``BlendConfig(first_k=16, query_ratio=0.4)`` to trade the
+speed for it (docs/segment-reuse.md)."""
 
 
 def select_recompute(
