@@ -276,7 +276,7 @@ class SegmentCache:
         freed = 0
         with self._lock:
             freed += self._blocks_of(self._expired_keys(self._clock()), "expired")
-            for key in [k for k, e in self._entries.items() if e.hit.tier is not Tier.PINNED]:
+            for key in self._eviction_order(pinned_too=False):
                 if freed >= num_blocks:
                     break
                 freed += self._blocks_of([key], "evicted")
@@ -313,6 +313,14 @@ class SegmentCache:
             self._drop(k, reason)
         return n
 
+    def _eviction_order(self, pinned_too: bool) -> list[SegmentKey]:
+        """Keys to evict, in order: unpinned entries least recently used first, then (with
+        ``pinned_too``) pinned ones likewise."""
+        unpinned = [k for k, e in self._entries.items() if e.hit.tier is not Tier.PINNED]
+        if not pinned_too:
+            return unpinned
+        return unpinned + [k for k, e in self._entries.items() if e.hit.tier is Tier.PINNED]
+
     def _make_room(self, need: int, now: float) -> bool:
         budget = self.config.max_blocks
         if budget == 0:
@@ -320,12 +328,9 @@ class SegmentCache:
         if need > budget:
             return False
         self._blocks_of(self._expired_keys(now), "expired")
-        # unpinned entries first, least recently used first; pinned ones only when nothing else
-        # is left, else a budget full of pinned segments (every shared passage, under the
-        # default policy) would refuse every later segment for good
-        unpinned = [k for k, e in self._entries.items() if e.hit.tier is not Tier.PINNED]
-        pinned = [k for k, e in self._entries.items() if e.hit.tier is Tier.PINNED]
-        for key in [*unpinned, *pinned]:
+        # pinned entries too, last: else a budget full of pinned segments (every shared
+        # passage, under the default policy) would refuse every later segment for good
+        for key in self._eviction_order(pinned_too=True):
             if self._num_blocks + need <= budget:
                 break
             self._blocks_of([key], "evicted")
