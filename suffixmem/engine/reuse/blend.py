@@ -30,6 +30,7 @@ the old prefix (not fixable without recomputation). Two cheap remedies, combined
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -54,6 +55,13 @@ class BlendConfig:
     - ``query_ratio``: share (0..1) of all reused tokens (across segments, beyond the first k
       and the top r) recomputed because the prompt's tail attends to them most in a draft
       pass; ``0`` skips the draft.
+    - ``query_patch``: how the picks are recomputed. False (labels ``-qQ``): the draft
+      computes the positions left to compute, and the picks are recomputed together with
+      every drafted position after the first pick, so each computed token sees them. True
+      (labels ``-pQ``): the draft is the final computation of those positions, and only the
+      picks and the prompt's last ``placement.QUERY_ROWS`` tokens are computed again; the
+      tokens between keep K/V computed against the picks' cached K/V (cheaper by about the
+      drafted count, one more approximation).
 
     The field defaults (k = 16, nothing else) are the cheapest method measured; the segment-
     reuse hook's default is ``DEFAULT_BLEND``.
@@ -64,6 +72,7 @@ class BlendConfig:
     check_layers: tuple[int, ...] = field(default=(1,))
     full_layers: int = 0
     query_ratio: float = 0.0
+    query_patch: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.first_k, bool) or not isinstance(self.first_k, int) or self.first_k < 0:
@@ -91,13 +100,32 @@ class BlendConfig:
         before the reuse decision: ``max(full_layers, highest check layer + 1 if checking)``."""
         return max(self.full_layers, self.check_layers[-1] + 1 if self.needs_check else 0)
 
+    @classmethod
+    def parse(cls, label: str) -> BlendConfig:
+        """The config a ``label()`` names: ``k16``, ``k16-r0.3@1``, ``k16-q0.1``, ``k16-p0.1``,
+        ``k16-r0.3@1,4-q0.05-L8`` (``ConfigError`` naming the label otherwise)."""
+        m = re.fullmatch(r"k(\d+)(?:-r([0-9.]+)@([0-9,]+))?(?:-([qp])([0-9.]+))?(?:-L(\d+))?",
+                         str(label).strip())
+        if m is None:
+            raise ConfigError(f"segment reuse method {label!r}: expected a label such as k16, "
+                              "k16-r0.3@1, k16-q0.4, k16-p0.1 or k16-L4")
+        k, r, layers, how, q, full = m.groups()
+        try:
+            return cls(first_k=int(k), ratio=float(r or 0.0),
+                       check_layers=tuple(int(x) for x in (layers or "1").split(",") if x),
+                       full_layers=int(full or 0), query_ratio=float(q or 0.0),
+                       query_patch=how == "p")
+        except ValueError as e:  # "0.3.1": the numbers themselves
+            raise ConfigError(f"segment reuse method {label!r}: {e}") from None
+
     def label(self) -> str:
-        """A short name for reports: ``k16``, ``k16-r0.3@1``, ``k16-q0.1``, ``k16-L4``."""
+        """A short name for reports: ``k16``, ``k16-r0.3@1``, ``k16-q0.1``, ``k16-p0.1``,
+        ``k16-L4``."""
         out = f"k{self.first_k}"
         if self.needs_check:
             out += f"-r{self.ratio:g}@{','.join(map(str, self.check_layers))}"
         if self.query_ratio:
-            out += f"-q{self.query_ratio:g}"
+            out += f"-{'p' if self.query_patch else 'q'}{self.query_ratio:g}"
         if self.full_layers:
             out += f"-L{self.full_layers}"
         return out

@@ -21,7 +21,9 @@ This is the tensor half of segment reuse; it runs on the torch engine's ``ModelR
    last ``QUERY_ROWS`` tokens (attention times value norm); ``round(q * reused)`` reused
    positions join the recomputation, the top ones each with the ``QUERY_FOLLOW`` after it
    (``blend.select_attended``). Drafted positions before the first pick keep their K/V
-   (nothing they attend to changes) and leave the list; the later ones are recomputed.
+   (nothing they attend to changes) and leave the list; the later ones are recomputed. With
+   ``blend.query_patch`` only the last ``QUERY_ROWS`` of them are: the others keep K/V that
+   attended to the picks' cached K/V.
 
 The final layout has every position ``0 .. N-1`` exactly once and attention stays causal by
 position: a position either holds cached K/V re-rotated to it or is computed there. Nothing here
@@ -244,7 +246,9 @@ def place_segments(
     picked = select_attended(candidates, mass[candidates].tolist(), want, QUERY_FOLLOW)
     reused.difference_update(picked)
     first = picked[0]
-    redo = sorted({*picked, *(p for p in compute if p > first)})
+    # patch: the draft stands, and only the question rows are computed again to see the picks
+    after = compute[-QUERY_ROWS:] if blend.query_patch else compute
+    redo = sorted({*picked, *(p for p in after if p > first)})
     return Placement(tuple(redo), tuple(sorted(reused)), recomputed + len(picked), depth,
                      drafted=len(compute))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -72,6 +74,19 @@ def test_fresh_depth_and_label() -> None:
     assert query.fresh_depth == 0 and query.label() == "k16-q0.1"
     both = BlendConfig(first_k=4, ratio=0.2, query_ratio=0.05, full_layers=2)
     assert both.label() == "k4-r0.2@1-q0.05-L2"
+    assert BlendConfig(first_k=16, query_ratio=0.1, query_patch=True).label() == "k16-p0.1"
+
+
+def test_parse_reads_every_label_back_and_names_a_bad_one() -> None:
+    for config in (BlendConfig(16), BlendConfig(16, 0.3, (1, 4)),
+                   BlendConfig(0, 0.15, full_layers=8),
+                   BlendConfig(4, 0.2, query_ratio=0.05, full_layers=2),
+                   BlendConfig(16, query_ratio=0.1, query_patch=True)):
+        assert BlendConfig.parse(config.label()) == config
+    for bad, why in (("q0.4", "expected a label"), ("k16-q1.5", "query_ratio must be in"),
+                     ("k16-r0.3.1@1", "0.3.1")):
+        with pytest.raises(ConfigError, match=rf"segment reuse method '{re.escape(bad)}'.*{why}"):
+            BlendConfig.parse(bad)
 
 
 def test_select_attended_takes_the_most_attended_positions() -> None:

@@ -227,6 +227,46 @@ def test_query_aware_recompute_picks_what_the_question_reads(rig, enc) -> None: 
         rig.blocks.decref(b)
 
 
+def test_query_patch_recomputes_the_picks_and_the_question_rows_only(rig, enc) -> None:  # type: ignore[no-untyped-def]
+    """``query_patch``: the same picks as ``query_ratio`` alone (the same draft), but only they
+    and the last ``QUERY_ROWS`` drafted positions after the first pick are computed again; the
+    logits still move towards full recomputation's, at less work than the plain variant."""
+    from suffixmem.engine.reuse.placement import QUERY_ROWS
+
+    src_bt, slots, start = cached_segment(rig, enc, PREFIX_A)
+    pre = enc(PREFIX_B)
+    long_question = ("\nWhich Olympics did the city host, in which year was that, and what "
+                     "else is the city known for among visitors and students of history and "
+                     "politics?" + QUESTION_2.split("?", 1)[1])
+    ids = pre + enc(DOC) + enc(long_question)
+    assert len(enc(long_question)) > QUERY_ROWS
+    ref_bt, ref = full(rig, ids)
+    first_k = set(range(len(pre), len(pre) + 4))
+    plain = BlendConfig(4, query_ratio=0.25)
+    patch = BlendConfig(4, query_ratio=0.25, query_patch=True)
+    assert patch.label() == "k4-p0.25" and plain.label() == "k4-q0.25"
+    bt_q, pl_q, _ = reuse(rig, ids, len(pre), slots, start, plain)
+    bt, pl, got = reuse(rig, ids, len(pre), slots, start, patch)
+    assert pl.reused_positions == pl_q.reused_positions and pl.drafted == pl_q.drafted
+    seg = set(range(len(pre), len(pre) + len(slots)))
+    picked = seg - set(pl.reused_positions) - first_k
+    drafted = [p for p in range(len(ids)) if p not in seg or p in first_k]
+    assert len(drafted) == pl.drafted
+    tail = {p for p in drafted[-QUERY_ROWS:] if p > min(picked)}
+    assert set(pl.compute_positions) == picked | tail
+    assert pl.compute_positions[-1] == len(ids) - 1
+    assert len(pl.compute_positions) < len(pl_q.compute_positions)
+    base_bt, _, base = reuse(rig, ids, len(pre), slots, start, BlendConfig(4))
+
+    def kl(logits: torch.Tensor) -> float:
+        lp, lq = torch.log_softmax(ref[-1], -1), torch.log_softmax(logits[-1], -1)
+        return float((lp.exp() * (lp - lq)).sum())
+
+    assert kl(got) < kl(base)
+    for b in (src_bt, ref_bt, bt_q, bt, base_bt):
+        rig.blocks.decref(b)
+
+
 def test_attention_contribution_weighs_attention_by_value_norm() -> None:
     """Query-aware selection ranks by what a key adds to the outputs (softmax attention times
     its value's norm), causally: equal attention, larger value, larger share; future keys 0."""
