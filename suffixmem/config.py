@@ -94,6 +94,10 @@ class EngineConfig:
     - ``dtype``: ``bfloat16`` (default), ``float32`` or ``float16`` (CUDA only).
     - ``segment_reuse``: (torch engine) keep a segment cache so that marked segments of a prompt
       (``Request.segments``) are reused at new positions when a request sets ``exact=False``.
+    - ``segment_method``: (torch engine) the recompute method of segment reuse, a
+      ``BlendConfig`` label (``k16``, ``k16-q0.4``, ``k16-p0.1``;
+      ``suffixmem.engine.reuse.blend``); ``None``: ``DEFAULT_BLEND``. Context shift alone keeps
+      its own method. docs/segment-reuse.md measures each.
     - ``context_shift``: (torch engine, default on) when a request with ``exact=False`` drops a
       session's old turns, its kept turns' KV is reused at their new positions (RoPE
       re-rotation; ``suffixmem.engine.reuse.context_shift``). On by default: ``bench segments``'
@@ -121,6 +125,7 @@ class EngineConfig:
     enforce_eager: bool | None = None
     seed: int = 0
     segment_reuse: bool = False
+    segment_method: str | None = None
     context_shift: bool = True
     kv_tier: bool = False
     kv_tier_dir: str | None = None
@@ -147,6 +152,10 @@ class EngineConfig:
             raise ConfigError(
                 f"unknown dtype {self.dtype!r}; expected 'bfloat16', 'float32' or 'float16'"
             )
+        if self.segment_method is not None:
+            from suffixmem.engine.reuse.blend import BlendConfig
+
+            BlendConfig.parse(self.segment_method)  # raises ConfigError naming the label
         from suffixmem.engine.isolation import IsolationPolicy
 
         IsolationPolicy.from_config(self)  # raises ConfigError naming the field

@@ -168,22 +168,15 @@ def blends(methods: Sequence[tuple[int, float, tuple[int, ...], int, float]] = M
 
 
 def parse_method(label: str) -> Any:
-    """The ``BlendConfig`` a ``label()`` names: ``k16``, ``k16-r0.3@1``, ``k16-q0.1``,
-    ``k16-r0.3@1,4-q0.05-L8`` (``InvalidRequestError`` naming the label otherwise)."""
-    import re
-
+    """The ``BlendConfig`` a ``label()`` names (``BlendConfig.parse``), or
+    ``InvalidRequestError`` naming the label."""
     from suffixmem.engine.reuse.blend import BlendConfig
-    from suffixmem.errors import InvalidRequestError
+    from suffixmem.errors import ConfigError, InvalidRequestError
 
-    m = re.fullmatch(r"k(\d+)(?:-r([0-9.]+)@([0-9,]+))?(?:-q([0-9.]+))?(?:-L(\d+))?",
-                     label.strip())
-    if m is None:
-        raise InvalidRequestError(f"method {label!r}: expected a label such as k16, "
-                                  "k16-r0.3@1, k16-q0.1 or k16-L4")
-    k, r, layers, q, full = m.groups()
-    return BlendConfig(first_k=int(k), ratio=float(r or 0.0),
-                       check_layers=tuple(int(x) for x in (layers or "1").split(",") if x),
-                       full_layers=int(full or 0), query_ratio=float(q or 0.0))
+    try:
+        return BlendConfig.parse(label)
+    except ConfigError as e:
+        raise InvalidRequestError(str(e)) from None
 
 
 def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequence[Any],

@@ -95,9 +95,10 @@ def test_method_labels_parse_back() -> None:
 
     for b in sc.blends():
         assert sc.parse_method(b.label()) == b
-    for label in ("k16-q0.1", "k0-r0.15@1,4-q0.05", "k8-q0.2-L4"):
+    for label in ("k16-q0.1", "k0-r0.15@1,4-q0.05", "k8-q0.2-L4", "k16-p0.1"):
         assert sc.parse_method(label).label() == label
     assert sc.parse_method("k16-q0.1").query_ratio == pytest.approx(0.1)
+    assert sc.parse_method("k16-p0.1").query_patch and not sc.parse_method("k16-q0.1").query_patch
     with pytest.raises(InvalidRequestError, match=r"method 'r0\.3'"):
         sc.parse_method("r0.3")
 

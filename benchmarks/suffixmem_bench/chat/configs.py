@@ -64,6 +64,8 @@ class SuffixmemChat(ChatConfig):
         self.name = name
         self.options = options
         flags: dict[str, Any] = {"segment_reuse": True} if segments else {}
+        if segments and options.segment_method:
+            flags["segment_method"] = options.segment_method
         flags.update(engine_flags or {})  # a workload's capability (isolation scope ...)
         if engine == "torch":  # it sets torch's thread count itself (vLLM reads OMP_NUM_THREADS)
             flags["extra"] = {"num_threads": options.threads}

@@ -51,6 +51,7 @@ class EngineOptions:
     kv_tier: bool = False  # suffixmem configurations: keep evicted KV on disk
     state_dir: str | None = None  # survives a restart: the database and the KV tier
     exact_pool: bool = False  # cap vLLM's pool at kv_cache_gib (vLLM on CPU rounds to GiB)
+    segment_method: str | None = None  # segment reuse's recompute method (None: the engine's)
 
 
 class ChatConfig:

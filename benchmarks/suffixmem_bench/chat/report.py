@@ -140,6 +140,8 @@ def markdown_report(report: dict[str, Any]) -> str:
         f"{w.get('repeats', 1)} alternating rounds; ratios to vllm_direct (one cache for all "
         "sessions), vllm_direct_salted (a cache per session, suffixmem's isolation) and naive "
         "in parentheses; hit rates in %."
+        + (f" Segment reuse method: `{w['segment_method']}`." if w.get("segment_method")
+           else "")
         + (" **NOISY RUN: not for publication.**" if report.get("noisy") else "") + "\n\n"
         f"Machine: {m['cpu']} (L3 {m.get('l3', '?')}), {m['cores']} cores, {m['memory_gib']} GiB, "
         f"{m.get('platform', '?')}, "

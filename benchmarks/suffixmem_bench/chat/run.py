@@ -164,12 +164,14 @@ def run_chat(
     workload_name: str | None = None,
     repeats: int = 3,
     keep_db: Path | None = None,
+    segment_method: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the benchmark; returns the report and every turn's record (with its config name
     and repeat). Configurations run as alternating processes (``measure``): every
     configuration once per round, ``repeats`` (>= 3) rounds; figures are medians with
     ``spread``. ``keep_db``: keep each suffixmem configuration's database (with its segment
-    log, for ``bench retention --trace``) there, from the last round.
+    log, for ``bench retention --trace``) there, from the last round. ``segment_method``:
+    the segment-reuse configurations' recompute method (``EngineConfig.segment_method``).
 
     ``workload_name`` picks one of ``suffixmem_bench.workloads`` (``overflow``, ``rag``,
     ``shared``): its builder, its pinned engine options and its targets replace the default
@@ -206,7 +208,8 @@ def run_chat(
             mode="concurrent" if concurrent else "round_robin",
         )
     options = EngineOptions(model=model, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
-                            max_tokens=max_tokens, threads=threads or os.cpu_count() or 1)
+                            max_tokens=max_tokens, threads=threads or os.cpu_count() or 1,
+                            segment_method=segment_method)
     results: dict[str, dict[str, Any]] = {}
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     all_turns: list[dict[str, Any]] = []
@@ -260,6 +263,7 @@ def run_chat(
             "document_tokens": workload.document_tokens, "model": model,
             "max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib,
             "threads": options.threads, "repeats": repeats,
+            "segment_method": segment_method,
         },
         "baselines": [b for b in BASELINES if results.get(b, {}).get("status") == "ok"],
         **ctx.fields(),
@@ -340,6 +344,9 @@ def register(bench: typer.Typer) -> None:
         keep_db: str | None = typer.Option(None, help="Keep each suffixmem configuration's "
                                            "database (segment log) in this folder."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        segment_method: str | None = typer.Option(
+            None, help="Recompute method of the segment-reuse configurations, a BlendConfig "
+            "label (k16, k16-q0.4, k16-p0.1; default: the engine's)."),
         workload: str = typer.Option(
             "default", help="default | long (same as --long) | returning (issue 13: 24 "
             "sessions x 6 turns, own ~1,000-token prompts, 256 MiB pool, restart after round "
@@ -353,6 +360,14 @@ def register(bench: typer.Typer) -> None:
         if unknown:
             raise typer.BadParameter(f"unknown configurations {unknown}; "
                                      f"expected some of {list(CONFIGS)}")
+        if segment_method is not None:
+            from suffixmem.engine.reuse.blend import BlendConfig
+            from suffixmem.errors import ConfigError
+
+            try:
+                BlendConfig.parse(segment_method)
+            except ConfigError as e:
+                raise typer.BadParameter(str(e)) from None
         from suffixmem_bench import workloads as pinned
 
         pinned_names = pinned.WORKLOADS
@@ -389,7 +404,7 @@ def register(bench: typer.Typer) -> None:
             concurrent=concurrent, model=model, max_model_len=max_model_len,
             kv_cache_gib=kv_cache_gib, threads=threads, timeout_s=timeout,
             workload_name=workload_name or None, repeats=repeats,
-            keep_db=Path(keep_db) if keep_db else None,
+            keep_db=Path(keep_db) if keep_db else None, segment_method=segment_method,
         )
         folder = (Path(out) / workload_name if workload_name
                   else default_out_dir(Path(out), long, concurrent))

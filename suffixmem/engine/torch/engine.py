@@ -129,10 +129,16 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                                        config.enable_prefix_caching)
             self.reuse: ReuseHook | None = None
             if config.segment_reuse or config.context_shift:
+                from suffixmem.engine.reuse.blend import BlendConfig
+                from suffixmem.engine.reuse.context_shift import SHIFT_BLEND, ContextShift
                 from suffixmem.engine.reuse.hook import SegmentReuseHook
 
-                SegmentReuseHook.install(self, documents=config.segment_reuse,
-                                         context_shift=config.context_shift)
+                method = config.segment_method
+                SegmentReuseHook.install(
+                    self, blend=BlendConfig.parse(method) if method else None,
+                    # a chosen document method leaves context shift's own (measured) one
+                    shift=ContextShift(blend=SHIFT_BLEND) if method else None,
+                    documents=config.segment_reuse, context_shift=config.context_shift)
             self.tier: TorchTier | None = self._open_tier(config, mc) if config.kv_tier else None
             self._generator = torch.Generator().manual_seed(config.seed)
             self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes

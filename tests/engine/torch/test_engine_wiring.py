@@ -49,6 +49,35 @@ def test_segment_reuse_switch_and_release() -> None:
         engine.close()
 
 
+def test_segment_method_sets_the_documents_method_and_keeps_context_shifts() -> None:
+    from suffixmem.config import EngineConfig
+    from suffixmem.engine.reuse.context_shift import SHIFT_BLEND
+    from suffixmem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"segment reuse method 'q0\.4'"):
+        EngineConfig(segment_method="q0.4")
+    engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, segment_reuse=True,
+                           segment_method="k8-p0.25")
+    try:
+        assert engine.reuse is not None and engine.reuse.blend.label() == "k8-p0.25"
+        assert engine.reuse.shift is not None and engine.reuse.shift.blend == SHIFT_BLEND
+        first = _document_request(engine, "s1")
+        engine.generate(first)
+        # the same document after a note: a new position, found in the segment cache
+        note = engine.render([Message("user", "A note first.")], add_generation_prompt=False)
+        seg = first.segments[0]
+        moved = Request("s1", token_ids=[*note, *first.token_ids], exact=False,
+                        segments=(Segment(seg.start + len(note), seg.end + len(note),
+                                          kind="document"),),
+                        sampling=SamplingParams(max_tokens=2))
+        again = engine.generate(moved)
+        # the first 8 tokens and the attended quarter of the rest are recomputed
+        rest = len(seg) - 8
+        assert again.reused_segment_tokens == rest - round(0.25 * rest)
+    finally:
+        engine.close()
+
+
 def test_the_driver_thread_loads_and_runs_the_model() -> None:
     # libgomp keeps an OpenMP pool per thread running parallel work: a model loaded in the
     # constructing thread and run in the driver thread gave two pools and halved decode speed
