@@ -189,17 +189,41 @@ def l3_cache(default: str = "?") -> str:
     return default
 
 
+def vector_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The widest vector extension the CPU reports: ``avx512_bf16`` (bf16 dot products in
+    hardware), ``avx512``, ``avx2``, else ``"?"``. It moves bf16 timings by up to ~8x (torch
+    runs bf16 matrix products on AVX2 by converting to fp32), and hosts that report the same
+    generic name ("AMD EPYC") differ here."""
+    try:
+        flags: set[str] = set()
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        return "?"
+    for flag, name in (("avx512_bf16", "avx512_bf16"), ("avx512f", "avx512"), ("avx2", "avx2")):
+        if flag in flags:
+            return name
+    return "?"
+
+
 def machine() -> dict[str, Any]:
-    """What a rerun must match for its timings to compare: CPU name, cores, L3 size, memory."""
+    """What a rerun must match for its timings to compare: CPU name, vector extensions, cores,
+    L3 size, memory."""
     mem_gib = math.nan
     with contextlib.suppress(ValueError, OSError):
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "l3": l3_cache(),
+    return {"cpu": cpu_name(), "isa": vector_isa(), "cores": os.cpu_count(), "l3": l3_cache(),
             "memory_gib": round(mem_gib, 1)}
 
 
 def _machine_key(threads: int) -> str:
-    return f"{cpu_name()}|L3 {l3_cache()}|{os.cpu_count()} cores|{threads} threads"
+    isa = vector_isa()
+    # keys written before the ISA was recorded stay valid for the AVX-512 BF16 hosts they came
+    # from; any other host gets a key of its own
+    tag = "" if isa == "avx512_bf16" else f"|{isa}"
+    return f"{cpu_name()}|L3 {l3_cache()}|{os.cpu_count()} cores|{threads} threads{tag}"
 
 
 def idle_gflops(threads: int, path: Path = IDLE_FILE) -> float | None:

@@ -135,6 +135,41 @@ def test_too_few_repeats_is_a_usage_error_not_a_traceback() -> None:
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+def test_a_bad_segment_method_is_a_usage_error_naming_it() -> None:
+    result = CliRunner().invoke(_app(), ["chat", "--configs", "suffixmem_torch_segments",
+                                         "--segment-method", "q0.4"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "'q0.4'" in result.output
+
+
+def test_the_segment_method_reaches_only_the_segment_reuse_engine() -> None:
+    from suffixmem_bench.chat.configs import SuffixmemChat
+    from suffixmem_bench.chat.peers import EngineOptions
+
+    seen: list[dict[str, object]] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_engine(name: str, **flags: object) -> None:
+        seen.append(flags)
+        raise Stop
+
+    import suffixmem.engine as engines
+
+    original = engines.create_engine
+    engines.create_engine = fake_engine  # type: ignore[assignment]
+    try:
+        opts = EngineOptions(model="m", segment_method="k16-p0.2", threads=1)
+        for segments in (True, False):
+            with pytest.raises(Stop):
+                SuffixmemChat("x", "torch", opts, segments=segments)
+    finally:
+        engines.create_engine = original
+    assert seen[0]["segment_method"] == "k16-p0.2" and seen[0]["segment_reuse"] is True
+    assert "segment_method" not in seen[1]
+
+
 def test_keep_db_gives_every_round_a_fresh_database(tmp_path: Path) -> None:
     # one database reused across rounds continued the last round's sessions: longer prompts
     # than the peers' (found in a --keep-db run: 110k prompt tokens against vllm_direct's 60k)

@@ -77,6 +77,27 @@ def test_the_idle_rate_is_kept_per_machine_l3_included(tmp_path: Path,
     assert sorted(json.loads(idle.read_text()).values()) == [200.0, 400.0]
 
 
+def test_the_vector_extensions_come_from_the_cpu_flags_and_key_the_idle_rate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AVX2-only host under the same name and cache as an AVX-512 BF16 one runs bf16 ~8x
+    slower: it is named in ``machine()`` and keeps an idle rate of its own."""
+    info = tmp_path / "cpuinfo"
+    for flags, isa in (("fpu avx2 avx512f avx512_bf16 sse", "avx512_bf16"),
+                       ("fpu avx2 avx512f", "avx512"), ("fpu sse avx2", "avx2"), ("fpu", "?")):
+        info.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n")
+        assert measure.vector_isa(info) == isa
+    assert measure.vector_isa(tmp_path / "missing") == "?"
+    assert measure.machine()["isa"] == measure.vector_isa()
+    monkeypatch.delenv(measure.IDLE_ENV, raising=False)
+    idle = tmp_path / "idle.json"
+    monkeypatch.setattr(measure, "cpu_name", lambda default="?": "AMD EPYC")
+    monkeypatch.setattr(measure, "l3_cache", lambda default="?": "32768K")
+    monkeypatch.setattr(measure, "vector_isa", lambda: "avx512_bf16")
+    measure.record_idle(2, 400.0, idle)
+    monkeypatch.setattr(measure, "vector_isa", lambda: "avx2")
+    assert measure.idle_gflops(2, idle) is None
+
+
 def test_a_probe_below_half_the_idle_rate_is_noisy(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(measure.IDLE_ENV, "1e9")  # an idle rate no probe here reaches
