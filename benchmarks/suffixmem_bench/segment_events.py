@@ -299,7 +299,7 @@ def measure_events(llama: Any, engine: Any, encode: Callable[[str], list[int]],
             by_task = methods_quality(llama, planted, methods, TASK_CONTINUATION, decode)
             for label, row in rows.items():
                 row.update({k: v for k, v in by_task[label].items()
-                            if k in ("task_agreement", "task_exact_accuracy")})
+                            if k.startswith("task_")})
         chosen, passed = choose_method(rows)
         out[name] = {**summary, "task_events": len(planted), "methods": rows, "chosen": chosen,
                      "passed": passed}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 COLUMNS = ("mean_kl", "top1_agreement", "free_running_agreement", "task_agreement",
-           "first_line_agreement", "compute_share")
+           "task_agreement_exact_right", "first_line_agreement", "compute_share")
 
 
 def _methods(console: Any, result: dict[str, Any]) -> None:
@@ -17,8 +17,8 @@ def _methods(console: Any, result: dict[str, Any]) -> None:
     for title, rows in blocks.items():
         table = Table(title=f"recompute methods, {title} (bf16 primitives)")
         table.add_column("method")
-        for col in ("mean KL", "top-1", "free-running", "task", "first line",
-                    "compute share"):
+        for col in ("mean KL", "top-1", "free-running", "task", "task, exact right",
+                    "first line", "compute share"):
             table.add_column(col, justify="right")
         for label, row in rows.items():
             table.add_row(label, *("-" if c not in row else f"{row[c]:.4f}" if c == "mean_kl"

@@ -191,7 +191,8 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
     (``segment_task.answer_end``) when the prompt has an ``answer``, else its first line),
     ``first_line_agreement`` (the reference's first line reproduced, the task check of runs
     before the planted codes), ``task_exact_accuracy`` (prompts with an ``answer``: the share
-    the exact run answers right, with ``decode``) and ``compute_share`` (the work of the reuse
+    the exact run answers right, with ``decode``), ``task_agreement_exact_right`` /
+    ``_exact_wrong`` (``by_exact``) and ``compute_share`` (the work of the reuse
     prefill, layers times tokens, over that of a full prefill). The fills and the reference
     are computed once per prompt for every method."""
     import torch
@@ -240,8 +241,25 @@ def methods_quality(llama: Any, prompts: Sequence[ScenarioPrompt], methods: Sequ
             rig.blocks.decref(bt)
         for b in fill_bts:
             rig.blocks.decref(b)
-    return {label: {k: statistics.fmean(v) for k, v in row.items()}
+    return {label: {**{k: statistics.fmean(v) for k, v in row.items()}, **by_exact(row)}
             for label, row in acc.items()}
+
+
+def by_exact(row: dict[str, list[float]]) -> dict[str, float]:
+    """``task_agreement`` split by whether the exact run answered right: the share of prompts
+    whose answer the reuse run reproduces among those the exact run gets right
+    (``task_agreement_exact_right``; losing a right answer is what costs users) and among those
+    it gets wrong (``..._exact_wrong``: two runs of a model unsure of the answer, where bf16
+    noise alone can flip it). Empty without per-prompt ``task_exact_accuracy``."""
+    agree, right = row.get("task_agreement", []), row.get("task_exact_accuracy", [])
+    if not right or len(right) != len(agree):
+        return {}
+    out = {}
+    for key, want in (("task_agreement_exact_right", 1.0), ("task_agreement_exact_wrong", 0.0)):
+        picked = [a for a, r in zip(agree, right, strict=True) if r == want]
+        if picked:
+            out[key] = statistics.fmean(picked)
+    return out
 
 
 def scenario_quality(llama: Any, prompts: Sequence[ScenarioPrompt], blend: Any,

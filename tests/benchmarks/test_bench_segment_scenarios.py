@@ -215,3 +215,14 @@ def test_rag_event_places_seen_passages_and_the_shifted_history() -> None:
     assert event.fills[0] == (first, ((56, 96),))
     assert event.fills[1] == (previous, ((96, 160),))
     assert tuple(p3) in seen
+
+
+def test_task_agreement_splits_by_whether_the_exact_run_was_right() -> None:
+    row = {"task_agreement": [1.0, 0.0, 1.0, 0.0, 1.0],
+           "task_exact_accuracy": [1.0, 1.0, 1.0, 0.0, 0.0]}
+    split = sc.by_exact(row)
+    assert split == {"task_agreement_exact_right": pytest.approx(2 / 3),
+                     "task_agreement_exact_wrong": pytest.approx(0.5)}
+    assert sc.by_exact({"task_agreement": [1.0]}) == {}  # no answers: no split
+    assert sc.by_exact({"task_agreement": [1.0], "task_exact_accuracy": [1.0]}) == {
+        "task_agreement_exact_right": 1.0}
