@@ -270,13 +270,14 @@ class SegmentCache:
             return len(doomed)
 
     def evict(self, num_blocks: int) -> int:
-        """Drop least recently used unpinned entries until ``num_blocks`` block references are
-        given back (or none is left to drop). Returns the number given back. The engine calls
-        this when its pool runs short."""
+        """Drop least recently used entries, unpinned ones first, until ``num_blocks`` block
+        references are given back (or none is left to drop). Returns the number given back.
+        The torch engine's scheduler calls this when its pool runs short (``Scheduler.reclaim``):
+        live requests come before any cached segment, pinned ones included."""
         freed = 0
         with self._lock:
             freed += self._blocks_of(self._expired_keys(self._clock()), "expired")
-            for key in self._eviction_order(pinned_too=False):
+            for key in self._eviction_order(pinned_too=True):
                 if freed >= num_blocks:
                     break
                 freed += self._blocks_of([key], "evicted")

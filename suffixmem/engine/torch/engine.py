@@ -134,11 +134,13 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                 from suffixmem.engine.reuse.hook import SegmentReuseHook
 
                 method = config.segment_method
-                SegmentReuseHook.install(
+                hook = SegmentReuseHook.install(
                     self, blend=BlendConfig.parse(method) if method else None,
                     # a chosen document method leaves context shift's own (measured) one
                     shift=ContextShift(blend=SHIFT_BLEND) if method else None,
                     documents=config.segment_reuse, context_shift=config.context_shift)
+                if config.segment_reuse:  # its cached segments give way to live requests
+                    self.scheduler.reclaim = hook.cache.evict
             self.tier: TorchTier | None = self._open_tier(config, mc) if config.kv_tier else None
             self._generator = torch.Generator().manual_seed(config.seed)
             self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes

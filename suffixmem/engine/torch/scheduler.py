@@ -5,7 +5,9 @@ their blocks can be had (prefix-cache hit revived, the rest freshly allocated, e
 blocks LRU-first); admitted sequences prefill together in that step. Otherwise every running
 sequence decodes one token, batched. A decode that needs a new block and finds none preempts the
 most recently admitted sequence (its blocks are released, it waits again and later recomputes
-what the prefix cache no longer holds), as vLLM does.
+what the prefix cache no longer holds), as vLLM does. Before a sequence waits, is preempted or is
+refused for want of blocks, ``reclaim`` (the segment cache's ``evict``, when there is one) is
+asked to give its blocks back.
 
 Pure bookkeeping over ``BlockPool``: no tensors here.
 """
@@ -13,6 +15,7 @@ Pure bookkeeping over ``BlockPool``: no tensors here.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from suffixmem.engine.torch.block_pool import BlockPool, Match
@@ -42,6 +45,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # gives back up to n block references held outside the running sequences (the segment
+        # cache's ``evict``) and returns how many: a cache must not make live requests wait,
+        # be preempted or be refused
+        self.reclaim: Callable[[int], int] | None = None
 
     @property
     def has_work(self) -> bool:
@@ -104,7 +111,8 @@ class Scheduler:
         match = self._match(seq) if self.enable_prefix_caching else Match((), 0)
         total = self.blocks_needed(seq.num_tokens)
         new = total - len(match.block_ids)
-        if not pool.can_allocate(new, match.block_ids):
+        if not pool.can_allocate(new, match.block_ids) and not self._reclaim(
+                lambda: pool.can_allocate(new, match.block_ids), new):
             if self.running:
                 return False
             held = pool.num_used
@@ -133,13 +141,21 @@ class Scheduler:
         """Make room for the K/V of ``seq``'s newest token; preempt others if needed."""
         if (seq.num_tokens - 1) // self.block_size < len(seq.block_table):
             return True
-        while self.pool.num_free == 0:
+        while self.pool.num_free == 0 and not self._reclaim(lambda: self.pool.num_free > 0, 1):
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
                 return False  # alone and still no block: readmission reports CapacityError
         seq.block_table.extend(self.pool.allocate(1))
         return True
+
+    def _reclaim(self, enough: Callable[[], bool], want: int) -> bool:
+        """Ask ``reclaim`` for ``want`` block references at a time until ``enough()`` holds or
+        it has nothing left to give; returns ``enough()``."""
+        while self.reclaim is not None and not enough():
+            if self.reclaim(want) == 0:
+                break
+        return enough()
 
     # -- leaving --------------------------------------------------------------------------------
     def preempt(self, seq: Sequence) -> None:

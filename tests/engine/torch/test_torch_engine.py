@@ -236,6 +236,32 @@ def test_request_that_cannot_fit_gets_capacity_error() -> None:
         engine.close()
 
 
+def test_cached_segments_give_their_blocks_to_a_request_that_needs_them() -> None:
+    from suffixmem.engine.reuse.segment_cache import SegmentCache, SegmentCacheConfig
+
+    engine = small_engine(num_blocks=10, max_model_len=128, dtype="bfloat16",
+                          segment_reuse=True)
+    try:
+        assert engine.scheduler.reclaim == engine.reuse.cache.evict
+        # a cache holding 8 of the 10 blocks (shared, so pinned), as a large budget allows
+        cache = SegmentCache(engine.block_pool, SegmentCacheConfig(max_blocks=10))
+
+        def fill(e: Any) -> None:
+            blocks = e.block_pool.allocate(8)
+            assert cache.put("s", list(range(1, 8 * 16 + 1)), blocks, 0, 0, kind="document",
+                             shared=True) is not None
+            e.block_pool.decref(blocks)  # the cache's references alone hold them
+
+        engine.run_in_driver(fill)
+        engine.scheduler.reclaim = cache.evict
+        req = Request("cap", token_ids=list(range(1000, 1060)),
+                      sampling=SamplingParams(max_tokens=4))
+        assert engine.generate(req).output_tokens > 0  # refused before the cache gave way
+        assert len(cache) == 0 and cache.stats().evicted == 1
+    finally:
+        engine.close()
+
+
 # -- sampling -------------------------------------------------------------------------------------
 def test_sampling_options(torch_engine: Any) -> None:
     # every request in a fresh session: the same (uncached) path, so bf16 logits are identical
