@@ -18,8 +18,9 @@ approximate), in the engine's driver thread:
 - ``after_prefill``: segments that missed are stored: the cache takes a reference on the
   sequence's blocks that hold them (zero copy), keys rotated for their positions in this prompt.
 
-The cache's block budget defaults to a quarter of the engine's pool so that cached segments never
-starve running requests. ``release_session`` (a topic jump, a session's end) may be called from
+The cache's block budget defaults to a quarter of the engine's pool, and when the pool runs short
+the engine's scheduler takes blocks back from it (``SegmentCache.evict``, pinned entries last)
+before a request waits, is preempted or is refused. ``release_session`` (a topic jump, a session's end) may be called from
 any thread: it runs in the driver thread.
 """
 
