@@ -258,6 +258,22 @@ def test_cached_segments_give_their_blocks_to_a_request_that_needs_them() -> Non
                       sampling=SamplingParams(max_tokens=4))
         assert engine.generate(req).output_tokens > 0  # refused before the cache gave way
         assert len(cache) == 0 and cache.stats().evicted == 1
+
+        # two entries of 4 blocks: admission takes one back, the decode's third new block the
+        # other, without preempting the request (which would then recompute its prompt)
+        def fill_two(e: Any) -> None:
+            for first in (1, 100):
+                blocks = e.block_pool.allocate(4)
+                assert cache.put("s", list(range(first, first + 64)), blocks, 0, 0,
+                                 kind="document", shared=True) is not None
+                e.block_pool.decref(blocks)
+
+        engine.reset_prefix_cache()
+        engine.run_in_driver(fill_two)
+        long = Request("long", token_ids=list(range(2000, 2060)),
+                       sampling=SamplingParams(max_tokens=50, ignore_eos=True))
+        assert engine.generate(long).output_tokens == 50  # 110 tokens: 7 of the 10 blocks
+        assert len(cache) == 0 and engine.stats().extra["preemptions"] == 0
     finally:
         engine.close()
 
