@@ -20,8 +20,8 @@ approximate), in the engine's driver thread:
 
 The cache's block budget defaults to a quarter of the engine's pool, and when the pool runs short
 the engine's scheduler takes blocks back from it (``SegmentCache.evict``, pinned entries last)
-before a request waits, is preempted or is refused. ``release_session`` (a topic jump, a session's end) may be called from
-any thread: it runs in the driver thread.
+before a request waits, is preempted or is refused. ``release_session`` (a topic jump, a
+session's end) may be called from any thread: it runs in the driver thread.
 """
 
 from __future__ import annotations

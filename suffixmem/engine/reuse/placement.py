@@ -86,9 +86,9 @@ class Placement:
     ones. ``recomputed`` counts segment tokens among ``compute_positions``; ``checked_layers``
     is how many lower layers were computed for the whole uncached span (``blend.fresh_depth``,
     0 without sources). ``drafted`` counts the positions the query-aware draft computed over
-    every layer (step 4); those before the first attended pick are in neither tuple: their K/V
-    is final. Work done here, in token-layers: ``checked_layers * (N - num_cached) + drafted *
-    num_layers``.
+    every layer (step 4); those before the first attended pick (with ``query_patch``: all but
+    the question rows after it) are in neither tuple: their K/V is final. Work done here, in
+    token-layers: ``checked_layers * (N - num_cached) + drafted * num_layers``.
     """
 
     compute_positions: tuple[int, ...]
