@@ -277,7 +277,7 @@ class SegmentCache:
         freed = 0
         with self._lock:
             freed += self._blocks_of(self._expired_keys(self._clock()), "expired")
-            for key in self._eviction_order(pinned_too=True):
+            for key in self._eviction_order():
                 if freed >= num_blocks:
                     break
                 freed += self._blocks_of([key], "evicted")
@@ -314,12 +314,10 @@ class SegmentCache:
             self._drop(k, reason)
         return n
 
-    def _eviction_order(self, pinned_too: bool) -> list[SegmentKey]:
-        """Keys to evict, in order: unpinned entries least recently used first, then (with
-        ``pinned_too``) pinned ones likewise."""
+    def _eviction_order(self) -> list[SegmentKey]:
+        """Keys to evict, in order: unpinned entries least recently used first, then pinned
+        ones likewise."""
         unpinned = [k for k, e in self._entries.items() if e.hit.tier is not Tier.PINNED]
-        if not pinned_too:
-            return unpinned
         return unpinned + [k for k, e in self._entries.items() if e.hit.tier is Tier.PINNED]
 
     def _make_room(self, need: int, now: float) -> bool:
@@ -331,7 +329,7 @@ class SegmentCache:
         self._blocks_of(self._expired_keys(now), "expired")
         # pinned entries too, last: else a budget full of pinned segments (every shared
         # passage, under the default policy) would refuse every later segment for good
-        for key in self._eviction_order(pinned_too=True):
+        for key in self._eviction_order():
             if self._num_blocks + need <= budget:
                 break
             self._blocks_of([key], "evicted")

@@ -111,8 +111,7 @@ class Scheduler:
         match = self._match(seq) if self.enable_prefix_caching else Match((), 0)
         total = self.blocks_needed(seq.num_tokens)
         new = total - len(match.block_ids)
-        if not pool.can_allocate(new, match.block_ids) and not self._reclaim(
-                lambda: pool.can_allocate(new, match.block_ids), new):
+        if not self._reclaim(lambda: pool.can_allocate(new, match.block_ids), new):
             if self.running:
                 return False
             held = pool.num_used
@@ -141,7 +140,7 @@ class Scheduler:
         """Make room for the K/V of ``seq``'s newest token; preempt others if needed."""
         if (seq.num_tokens - 1) // self.block_size < len(seq.block_table):
             return True
-        while self.pool.num_free == 0 and not self._reclaim(lambda: self.pool.num_free > 0, 1):
+        while not self._reclaim(lambda: self.pool.num_free > 0, 1):
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
@@ -150,8 +149,8 @@ class Scheduler:
         return True
 
     def _reclaim(self, enough: Callable[[], bool], want: int) -> bool:
-        """Ask ``reclaim`` for ``want`` block references at a time until ``enough()`` holds or
-        it has nothing left to give; returns ``enough()``."""
+        """Whether ``enough()`` holds, after asking ``reclaim`` (when set and only while it does
+        not) for ``want`` block references at a time until it does or nothing is left to give."""
         while self.reclaim is not None and not enough():
             if self.reclaim(want) == 0:
                 break
