@@ -142,8 +142,9 @@ speed gets. On the rag workload it answers as the exact run in 83% of 59 reuse e
 asks 90%) at 0.28x stock vLLM's time to first token. ``k16-q0.4`` (query-aware recompute)
 passes the gate there (93%) and on independent documents (92%), but at 1.04x stock vLLM's TTFT
 on that workload (0.94x from turn 8), barely faster than exact recomputation (``bench chat
---workload rag``, 2026-12-03): pass ``BlendConfig(first_k=16, query_ratio=0.4)`` to trade the
-speed for it (docs/segment-reuse.md)."""
+--workload rag``, 2026-12-03): ``EngineConfig(segment_method="k16-q0.4")`` trades the speed
+for it; ``k16-p0.2`` (query patch) matched its task agreement at less work on a 19-event replay,
+untimed (docs/segment-reuse.md)."""
 
 
 def select_recompute(
