@@ -84,6 +84,18 @@ def cuda_available() -> bool:
         return False
     return bool(torch.cuda.is_available())
 
+def resolve_dtype(dtype: str) -> str:
+    """``auto`` -> ``bfloat16`` where bf16 products run natively (CUDA, or a CPU with AVX-512
+    BF16), ``float32`` elsewhere; any other name unchanged."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    if cuda_available() or torch.cpu._is_avx512_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """Options shared by all engines. ``None`` means "pick a sane default for this device".
@@ -91,7 +103,10 @@ class EngineConfig:
     - ``block_size``: KV block size in tokens. vLLM on CPU needs a multiple of 32 (default 32);
       on CUDA 16. The torch engine defaults to 16.
     - ``kv_cache_gib``: KV pool size in GiB.
-    - ``dtype``: ``bfloat16`` (default), ``float32`` or ``float16`` (CUDA only).
+    - ``dtype``: ``auto`` (default), ``bfloat16``, ``float32`` or ``float16`` (CUDA only).
+      ``auto`` resolves at construction (``resolve_dtype``): ``bfloat16`` on CUDA and on CPUs
+      with AVX-512 BF16, ``float32`` on other CPUs, where bf16 products are emulated and both
+      engines ran ~2.5x slower in bf16 than in fp32 (an AVX2-only host, docs/torch-engine.md).
     - ``segment_reuse``: (torch engine) keep a segment cache so that marked segments of a prompt
       (``Request.segments``) are reused at new positions when a request sets ``exact=False``.
     - ``segment_method``: (torch engine) the recompute method of segment reuse, a
@@ -121,7 +136,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     kv_cache_gib: float = 1.0
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
     enforce_eager: bool | None = None
     seed: int = 0
     segment_reuse: bool = False
@@ -148,10 +163,11 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if isinstance(self.kv_tier_gib, bool) or not self.kv_tier_gib > 0:
             raise ConfigError(f"kv_tier_gib must be > 0, got {self.kv_tier_gib!r}")
-        if self.dtype not in ("bfloat16", "float32", "float16"):
-            raise ConfigError(
-                f"unknown dtype {self.dtype!r}; expected 'bfloat16', 'float32' or 'float16'"
-            )
+        if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
+            raise ConfigError(f"unknown dtype {self.dtype!r}; expected 'auto', 'bfloat16', "
+                              "'float32' or 'float16'")
+        # resolved here, so fingerprints, stats and the KV tier name the dtype actually used
+        self.dtype = resolve_dtype(self.dtype)
         if self.segment_method is not None:
             from suffixmem.engine.reuse.blend import BlendConfig
 

@@ -113,3 +113,22 @@ def test_supports_json_schema_without_starting_an_engine(engine: Any) -> None:
     assert runtime.supports_json_schema(engine) is True
     with pytest.raises(ConfigError, match="unknown engine 'tensorrt'"):
         runtime.supports_json_schema("tensorrt")
+
+
+def test_auto_dtype_resolves_to_what_the_device_runs_natively(monkeypatch: Any) -> None:
+    """``dtype="auto"`` (the default) becomes bf16 on a CPU with AVX-512 BF16 and fp32 on one
+    without (bf16 is emulated there); a named dtype is kept; a bad one names the choices."""
+    import torch
+
+    from suffixmem import config
+
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert EngineConfig().dtype == "bfloat16"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert EngineConfig().dtype == "float32"
+    assert EngineConfig(dtype="bfloat16").dtype == "bfloat16"
+    monkeypatch.setattr(config, "cuda_available", lambda: True)
+    assert EngineConfig().dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="unknown dtype 'int8'; expected 'auto'"):
+        EngineConfig(dtype="int8")

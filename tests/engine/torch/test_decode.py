@@ -21,7 +21,9 @@ from suffixmem.engine.torch.prefill import chunk_prefill
 from tests.engine.torch.conftest import state_of
 
 BS = 4
-TOL = 1e-5
+# fp32 logits of magnitude ~3: a few units in the last place (AVX2's and AVX-512's kernels
+# sum in other orders: 1.02e-5 on an AVX2 host)
+TOL = 3e-5
 
 
 @pytest.fixture(params=["packed_sdpa", "block_diagonal"])
@@ -63,7 +65,8 @@ def test_view_mirror_and_gather_give_the_same_logits(tiny: Any, dtype: torch.dty
     _, model = tiny
     if dtype == torch.bfloat16:
         model = bf16(model)
-        assert len(model.linear) == 4 * model.config.num_layers + 1  # all packed
+        if torch.cpu._is_avx512_bf16_supported():  # elsewhere oneDNN's bf16 rounds otherwise
+            assert len(model.linear) == 4 * model.config.num_layers + 1  # all packed
     ids = torch.randint(0, 256, (40,)).tolist()
     runs, sources = {}, {}
     for name, table, budget in (("view", list(range(3, 13)), None),

@@ -21,8 +21,12 @@ from tests.engine.torch.conftest import state_of
 pytestmark = pytest.mark.skipif(VllmAttention.load(4, 2, 64) is None,
                                 reason="vLLM's CPU kernels are not installed")
 BS = 16
-MAX_DIFF = 0.25  # bf16 logits of magnitude ~3 (one unit in the last place: 0.016), after
-MEAN_DIFF = 0.05  # differences compound over steps; one context token dropped: mean 0.8
+# bf16 logits of magnitude ~3 (one unit in the last place: 0.016), after differences compound
+# over steps; one context token dropped instead gives a mean of 0.8. vLLM's AVX2 build (a CPU
+# without AVX-512 BF16, where bf16 is emulated) rounds more: up to 0.48 / 0.088 over 20 steps
+NATIVE_BF16 = torch.cpu._is_avx512_bf16_supported()
+MAX_DIFF = 0.25 if NATIVE_BF16 else 0.75
+MEAN_DIFF = 0.05 if NATIVE_BF16 else 0.15
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from adapter_setup import STANDARD_PARAMS, override_model
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
 from langchain_suffixmem import SuffixMemChatModel
 
 # A prompt longer than one KV block (32 tokens for vLLM on CPU, 16 for the torch engine), so a
@@ -96,3 +99,39 @@ class StandardFlags:
     @property
     def supported_usage_metadata_details(self) -> dict[Any, list[Any]]:
         return {"invoke": ["cache_read_input"], "stream": ["cache_read_input"]}
+
+    @pytest.mark.xfail(strict=False, reason=(
+        "the 135M model's greedy choice between calling the tool and answering in text is a "
+        "near-tie that the CPU's kernels decide (text on the torch engine since 2026-12-01, "
+        "and on vLLM on an AVX2 host); the loop itself: "
+        "test_agent_loop_with_required_tool_call"))
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_agent_loop(self, model: BaseChatModel) -> None:
+        super().test_agent_loop(model)
+
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    def test_agent_loop_with_required_tool_call(self, model: BaseChatModel) -> None:
+        """LangChain's agent loop with the first step's tool call required (``tool_choice``).
+
+        Left free (the standard ``test_agent_loop``), the 135M model's greedy choice between
+        calling ``get_weather`` and answering in text is a near-tie that rounding decides: on a
+        fresh install of 2026-12-01 (langchain-core 1.8.3, torch 2.13) the torch engine answered
+        in text while vLLM called the tool, and on a host without AVX-512 (2026-12-03) vLLM
+        answered in text too. The loop itself is what this checks: the call
+        parsed into one ``tool_call`` block, the tool's ``ToolMessage`` sent back, and a reply
+        to it with the tool still bound."""
+
+        @tool
+        def get_weather(location: str) -> str:
+            """Get the weather at a location."""
+            return "It's sunny."
+
+        question = HumanMessage("What is the weather in San Francisco, CA?")
+        call = model.bind_tools([get_weather], tool_choice="any").invoke([question])
+        assert isinstance(call, AIMessage)
+        assert any(block["type"] == "tool_call" for block in call.content_blocks)
+        assert len(call.tool_calls) == 1 and call.tool_calls[0]["name"] == "get_weather"
+        tool_message = get_weather.invoke(call.tool_calls[0])
+        assert isinstance(tool_message, ToolMessage)
+        response = model.bind_tools([get_weather]).invoke([question, call, tool_message])
+        assert isinstance(response, AIMessage)
