@@ -132,3 +132,9 @@ def test_auto_dtype_resolves_to_what_the_device_runs_natively(monkeypatch: Any) 
     assert EngineConfig().dtype == "bfloat16"
     with pytest.raises(ConfigError, match="unknown dtype 'int8'; expected 'auto'"):
         EngineConfig(dtype="int8")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_vllm_engine_reports_the_dtype_auto_chose(vllm_engine: Any) -> None:
+    assert vllm_engine.stats().extra["dtype"] == EngineConfig().dtype

@@ -125,15 +125,18 @@ class _ProtocolArm:
 
 
 class _TransformersArm:
-    """transformers ``generate`` in bf16: 1 new token (prefill; it has no cross-request reuse,
-    so "warm" is another full prefill) and ``decode_tokens + 1``."""
+    """transformers ``generate`` in the engines' dtype (``EngineConfig``'s ``auto``: bf16 with
+    AVX-512 BF16, else fp32): 1 new token (prefill; it has no cross-request reuse, so "warm"
+    is another full prefill) and ``decode_tokens + 1``."""
 
     def __init__(self, model_path: Any, prompt: Sequence[int], decode_tokens: int) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path),
-                                                          dtype=torch.bfloat16).eval()
+        from suffixmem.config import resolve_dtype
+
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(model_path), dtype=getattr(torch, resolve_dtype("auto"))).eval()
         self.ids = torch.tensor([list(prompt)])
         self.decode_tokens = decode_tokens
         self._gen(2)  # warm-up on the real prompt (first-call allocations)

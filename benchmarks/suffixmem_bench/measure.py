@@ -210,12 +210,14 @@ def vector_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def machine() -> dict[str, Any]:
     """What a rerun must match for its timings to compare: CPU name, vector extensions, cores,
-    L3 size, memory."""
+    L3 size, memory, and the dtype the engines' ``auto`` picks there."""
+    from suffixmem.config import resolve_dtype
+
     mem_gib = math.nan
     with contextlib.suppress(ValueError, OSError):
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
     return {"cpu": cpu_name(), "isa": vector_isa(), "cores": os.cpu_count(), "l3": l3_cache(),
-            "memory_gib": round(mem_gib, 1)}
+            "memory_gib": round(mem_gib, 1), "dtype": resolve_dtype("auto")}
 
 
 def _machine_key(threads: int) -> str:

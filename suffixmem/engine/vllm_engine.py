@@ -179,6 +179,7 @@ class VLLMEngine(BaseEngine):
 
     def stats(self) -> Any:
         s = super().stats()
+        s.extra["dtype"] = self.config.dtype  # what dtype "auto" resolved to on this device
         if self._tier_extra is not None:
             from suffixmem.engine.vllm_tier_connector import shared_tier
 

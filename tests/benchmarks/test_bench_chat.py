@@ -77,6 +77,7 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     md = (folder / "report.md").read_text()
     assert "| naive |" in md and "| transformers |" in md
     assert md.count("Machine:") == 1 and f"(L3 {machine['l3']}, {machine['isa']})" in md
+    assert f"dtype {machine['dtype']}" in md
     turns = [json.loads(line) for line in (folder / "turns.jsonl").read_text().splitlines()]
     # alternating processes: every configuration once per round
     assert [(t["repeat"], t["config"], t["turn"]) for t in turns] == [

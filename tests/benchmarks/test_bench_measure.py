@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from suffixmem.config import EngineConfig
 from suffixmem_bench import measure
 from suffixmem_bench.measure import RunContext, alternate, interleave, spread
 
@@ -88,6 +89,7 @@ def test_the_vector_extensions_come_from_the_cpu_flags_and_key_the_idle_rate(
         assert measure.vector_isa(info) == isa
     assert measure.vector_isa(tmp_path / "missing") == "?"
     assert measure.machine()["isa"] == measure.vector_isa()
+    assert measure.machine()["dtype"] == EngineConfig().dtype  # what the engines ran in
     monkeypatch.delenv(measure.IDLE_ENV, raising=False)
     idle = tmp_path / "idle.json"
     monkeypatch.setattr(measure, "cpu_name", lambda default="?": "AMD EPYC")

@@ -193,7 +193,7 @@ class SuffixmemChat(ChatConfig):
             blocks = vllm_held_blocks(self.engine)
             if blocks is not None:
                 held = blocks * self.engine.block_size * kv_bytes_per_token(
-                    self.engine.model_path) / MIB
+                    self.engine.model_path, self.engine.config.dtype) / MIB
         elif stats.extra.get("kv_blocks") and "kv_blocks_cached" in stats.extra:
             # the torch engine: cached (reusable) blocks times the bytes of one block
             block_bytes = stats.kv_capacity_bytes / stats.extra["kv_blocks"]

@@ -127,10 +127,15 @@ def wrap_stream(engine: Any, before: Callable[[Any], None]) -> Callable[[], None
     return undo
 
 
-def kv_bytes_per_token(model_path: Path, dtype_bytes: int = 2) -> int:
-    """K and V of every layer for one token, from the model's config.json."""
+def kv_bytes_per_token(model_path: Path, dtype: str = "auto") -> int:
+    """K and V of every layer for one token, from the model's config.json, in ``dtype``
+    (``auto``: what ``EngineConfig`` resolves it to on this device; ``float16``: llama.cpp's
+    default KV type)."""
     import json
 
+    from suffixmem.config import resolve_dtype
+
+    dtype_bytes = 4 if resolve_dtype(dtype) == "float32" else 2
     cfg = json.loads((model_path / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * dtype_bytes
@@ -278,7 +283,7 @@ class VLLMHistory(ChatConfig):
     def kv_memory(self) -> dict[str, float]:
         stats = self.engine.stats()
         held = vllm_held_blocks(self.engine)
-        per_token = kv_bytes_per_token(self.engine.model_path)
+        per_token = kv_bytes_per_token(self.engine.model_path, self.engine.config.dtype)
         return {
             "kv_pool_mb": stats.kv_capacity_bytes / MIB,
             "kv_held_mb": float("nan") if held is None
@@ -319,18 +324,23 @@ class TransformersGenerate(ChatConfig):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from suffixmem.config import resolve_dtype
         from suffixmem.models import resolve_model
 
         torch.set_num_threads(options.threads)
         self.options = options
         self.path = resolve_model(options.model, progress=False)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.bfloat16)
+        # the engines' own dtype on this device (fp32 where bf16 is emulated), so the
+        # peer is not slowed by a dtype the engines avoid
+        self.dtype = resolve_dtype("auto")
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.path),
+                                                          dtype=getattr(torch, self.dtype))
         self.model.eval()
         self.eos = self.tokenizer.eos_token_id
         self.chat = _TextHistory(self.tokenizer,
                                  budget=options.max_model_len - options.max_tokens)
-        self.per_token = kv_bytes_per_token(self.path)
+        self.per_token = kv_bytes_per_token(self.path, self.dtype)
         self.peak_tokens = 0
         self._lock = threading.Lock()
 
@@ -395,7 +405,7 @@ class LlamaCpp(ChatConfig):
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.chat = _TextHistory(self.tokenizer,
                                  budget=options.max_model_len - options.max_tokens)
-        self.per_token = kv_bytes_per_token(path)  # llama.cpp's default KV type is f16
+        self.per_token = kv_bytes_per_token(path, "float16")  # llama.cpp's default KV type
         self.llm = llama_cpp.Llama(
             model_path=str(gguf_path(MODELS[options.model])), n_ctx=options.max_model_len,
             n_threads=options.threads, n_threads_batch=options.threads, seed=0, verbose=False,

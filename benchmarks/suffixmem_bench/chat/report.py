@@ -144,7 +144,7 @@ def markdown_report(report: dict[str, Any]) -> str:
            else "")
         + (" **NOISY RUN: not for publication.**" if report.get("noisy") else "") + "\n\n"
         f"Machine: {m['cpu']} (L3 {m.get('l3', '?')}, {m.get('isa', '?')}), {m['cores']} cores, "
-        f"{m['memory_gib']} GiB, "
+        f"{m['memory_gib']} GiB, dtype {m.get('dtype', 'bfloat16')}, "
         f"{m.get('platform', '?')}, "
         f"Python {m['python']}; {versions}; load average at start "
         f"{m.get('load_avg_at_start')}; commit {m.get('git_commit')}; {report['date']}.\n\n"

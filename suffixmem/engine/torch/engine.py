@@ -207,6 +207,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
             preemptions=self.scheduler.num_preemptions,
             max_decode_batch=self.max_decode_batch,
             attention="vllm" if self.runner.vllm_attention else "sdpa",
+            dtype=self.config.dtype,  # what dtype "auto" resolved to on this device
         )
         if self.tier is not None:
             s.extra.update(self.tier.tier.summary(), tier_loaded_tokens=self.tier.loaded_tokens)

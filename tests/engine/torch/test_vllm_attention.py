@@ -148,6 +148,7 @@ def test_engine_option_and_stats() -> None:
                                dtype="bfloat16", extra={"attention": choice})
         try:
             assert engine.stats().extra["attention"] == choice
+            assert engine.stats().extra["dtype"] == "bfloat16"
             answers[choice] = engine.generate(Request(
                 "s", messages=[Message("user", "What is the capital of France?")],
                 sampling=SamplingParams(max_tokens=8))).text
