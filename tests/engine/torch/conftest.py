@@ -103,7 +103,8 @@ def hf_bf16_greedy(model_path: Path, tokenizer: Any) -> tuple[list[int], list[in
 
 @pytest.fixture(scope="session")
 def torch_engine(model_path: Path) -> Iterator[Any]:
-    """One bf16 torch engine for the session (prefix caching on)."""
+    """One torch engine for the session in the default dtype (``auto``: bf16 with AVX-512 BF16,
+    else fp32), prefix caching on."""
     from suffixmem.engine import create_engine
 
     engine = create_engine("torch", max_model_len=2048, kv_cache_gib=0.25)

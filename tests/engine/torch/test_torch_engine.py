@@ -375,7 +375,7 @@ def test_exact_decode_matches_transformers_generate_bf16(
     """With ``exact_decode`` the engine's bf16 greedy decoding (paged KV, scheduler, sampler)
     reproduces transformers' ``generate`` token for token over 200 tokens."""
     prompt, gen = hf_bf16_greedy
-    engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1,
+    engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, dtype="bfloat16",
                            extra={"exact_decode": True})
     try:
         out = engine.generate(Request("exact", token_ids=prompt,
