@@ -10,7 +10,8 @@ in a child process of its own (``engine_child`` says why), then measured A/B/C/A
 and runs; this is done at 1 thread and at all cores (``by_threads``; the top-level figures are
 at all cores). The JSON carries ``commit``, ``load_avg``, ``matmul_gflops`` and ``noisy``.
 
-Limits are measured in the same process just before: a large bf16 matmul (FLOP/s) and a
+Limits are measured in the same process just before: a large matmul in the engines' dtype
+(``matmul_dtype``: bf16 with AVX-512 BF16, else fp32; FLOP/s) and a
 large memory copy (bytes read + written per second). Each engine's prefill is then expressed as
 a fraction of the matmul rate (model FLOPs / prefill time), and its decode as a fraction of the
 copy bandwidth (bytes of weights and KV read per token / decode time). ``limits`` also holds
@@ -39,13 +40,18 @@ from suffixmem_bench.measure import RunContext, check_repeats, interleave, set_t
 ENGINE_NAMES = ("torch", "transformers", "vllm")
 
 
-def measure_limits(size: int = 2048, copy_mib: int = 256, repeats: int = 5) -> dict[str, float]:
-    """Best-of-``repeats`` bf16 matmul FLOP/s (``size``³) and memory-copy bytes/s (read +
-    written) of a ``copy_mib`` MiB tensor, with torch's current thread count."""
+def measure_limits(size: int = 2048, copy_mib: int = 256, repeats: int = 5,
+                   dtype: str = "auto") -> dict[str, Any]:
+    """Best-of-``repeats`` matmul FLOP/s (``size``³) in ``dtype`` (``auto``: the engines' dtype
+    on this device, bf16 with AVX-512 BF16, else fp32) and memory-copy bytes/s (read + written)
+    of a ``copy_mib`` MiB tensor, with torch's current thread count."""
     import torch
 
-    a = torch.randn(size, size, dtype=torch.bfloat16)
-    b = torch.randn(size, size, dtype=torch.bfloat16)
+    from suffixmem.config import resolve_dtype
+
+    dtype = resolve_dtype(dtype)
+    a = torch.randn(size, size, dtype=getattr(torch, dtype))
+    b = torch.randn(size, size, dtype=getattr(torch, dtype))
     a @ b  # warm-up
     best = min(_timed(lambda: a @ b) for _ in range(repeats))
     src = torch.ones(copy_mib << 18, dtype=torch.float32)  # copy_mib MiB
@@ -53,7 +59,8 @@ def measure_limits(size: int = 2048, copy_mib: int = 256, repeats: int = 5) -> d
     dst.copy_(src)
     best_copy = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
     return {
-        "bf16_matmul_flops_per_s": 2 * size**3 / best,
+        "matmul_flops_per_s": 2 * size**3 / best,
+        "matmul_dtype": dtype,
         "copy_bytes_per_s": 2 * src.numel() * 4 / best_copy,
         "threads": float(torch.get_num_threads()),
     }
@@ -65,9 +72,10 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def model_costs(model_path: Any, prompt_tokens: int) -> dict[str, float]:
+def model_costs(model_path: Any, prompt_tokens: int, dtype_bytes: int = 2) -> dict[str, float]:
     """FLOPs of a prefill of ``prompt_tokens`` (matmuls + causal attention, lm_head once) and
-    bf16 bytes read per decode token (weights + KV of the prompt), from ``config.json``."""
+    bytes read per decode token (weights + KV of the prompt, ``dtype_bytes`` each), from
+    ``config.json``."""
     from suffixmem.engine.torch.llama import read_config
 
     c = read_config(model_path)
@@ -80,7 +88,8 @@ def model_costs(model_path: Any, prompt_tokens: int) -> dict[str, float]:
     params = c.num_layers * (per_token // 2 + 2 * e) + e + c.vocab_size * e * (
         1 if c.tie_word_embeddings else 2)
     kv = c.num_layers * 2 * c.num_kv_heads * hd * n
-    return {"prefill_flops": float(flops), "decode_bytes_per_token": float(2 * (params + kv))}
+    return {"prefill_flops": float(flops),
+            "decode_bytes_per_token": float(dtype_bytes * (params + kv))}
 
 
 class _ProtocolArm:
@@ -228,7 +237,8 @@ def run_engines(prompt_tokens: int = 1500, decode_tokens: int = 64, model: str =
     with RunContext(counts[-1]) as ctx:
         set_threads(counts[-1])
         limits = measure_limits()
-        limits.update(model_costs(path, len(prompt)))
+        limits.update(model_costs(path, len(prompt),
+                                  4 if limits["matmul_dtype"] == "float32" else 2))
         runner_by_threads: dict[str, dict[str, float]] = {}
         for t in counts:  # the runner's decode steps at each thread count, the top one last
             set_threads(t)
@@ -243,7 +253,7 @@ def run_engines(prompt_tokens: int = 1500, decode_tokens: int = 64, model: str =
         if "error" in figures:
             continue
         figures["prefill_flops_fraction"] = (
-            limits["prefill_flops"] / figures["prefill_s"] / limits["bf16_matmul_flops_per_s"])
+            limits["prefill_flops"] / figures["prefill_s"] / limits["matmul_flops_per_s"])
         figures["decode_bandwidth_fraction"] = (
             limits["decode_bytes_per_token"] / (figures["decode_ms_per_token"] / 1000)
             / limits["copy_bytes_per_s"])
@@ -347,7 +357,8 @@ def _print(console: Any, result: dict[str, Any]) -> None:
                       f"{100 * f['prefill_flops_fraction']:.0f}%",
                       f"{100 * f['decode_bandwidth_fraction']:.0f}%")
     console.print(table)
-    console.print(f"limits: bf16 matmul {lim['bf16_matmul_flops_per_s'] / 1e9:.0f} GFLOP/s, "
+    console.print(f"limits: {lim['matmul_dtype']} matmul "
+                  f"{lim['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s, "
                   f"copy {lim['copy_bytes_per_s'] / 1e9:.1f} GB/s, "
                   f"{int(lim['threads'])} threads; decode limit "
                   f"{lim['bandwidth_limit_ms']:.1f} ms/step")

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
+from suffixmem.config import resolve_dtype
 from suffixmem.engine.torch.decode import Decoder
-from suffixmem.engine.torch.kv_pool import KVPool
+from suffixmem.engine.torch.kv_pool import KVPool, torch_dtype
 from suffixmem.engine.torch.llama import Llama
 from suffixmem.engine.torch.rope import RopeTable
 
@@ -181,13 +182,15 @@ def measure_decode(model: Llama | str | Path, *, batch_sizes: Sequence[int] = (1
     ``decode_tokens_per_s_b{B}``, ``weights_bytes`` (read once per step), ``mem_gbps`` (copy
     rate, read + written, ``mem_bytes_per_s`` or measured here), ``bandwidth_limit_ms``
     (``weights_bytes / mem_gbps``: no step can be faster) and ``ratio_b{B}`` (step / limit).
-    Uses torch's current thread count; the timings are wall clock, so noisy on a busy machine.
+    A model given by path is loaded in the engines' dtype on this device (``EngineConfig``'s
+    ``auto``). Uses torch's current thread count; the timings are wall clock, so noisy on a
+    busy machine.
     """
     if not batch_sizes or min(batch_sizes) < 1 or context < 1 or steps < 1 or repeats < 1:
         raise ValueError("measure_decode needs batch sizes >= 1 and positive context, steps, "
                          "repeats")
-    if not isinstance(model, Llama):
-        model = Llama.from_pretrained(model, torch.bfloat16)
+    if not isinstance(model, Llama):  # in the engines' dtype here (EngineConfig's "auto")
+        model = Llama.from_pretrained(model, torch_dtype(resolve_dtype("auto")))
     c = model.config
     if context + steps > c.max_position_embeddings:
         raise ValueError("context + steps exceeds the model's max_position_embeddings")
