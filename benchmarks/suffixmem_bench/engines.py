@@ -48,10 +48,11 @@ def measure_limits(size: int = 2048, copy_mib: int = 256, repeats: int = 5,
     import torch
 
     from suffixmem.config import resolve_dtype
+    from suffixmem.engine.torch.kv_pool import torch_dtype
 
     dtype = resolve_dtype(dtype)
-    a = torch.randn(size, size, dtype=getattr(torch, dtype))
-    b = torch.randn(size, size, dtype=getattr(torch, dtype))
+    a = torch.randn(size, size, dtype=torch_dtype(dtype))
+    b = torch.randn(size, size, dtype=torch_dtype(dtype))
     a @ b  # warm-up
     best = min(_timed(lambda: a @ b) for _ in range(repeats))
     src = torch.ones(copy_mib << 18, dtype=torch.float32)  # copy_mib MiB
@@ -143,9 +144,10 @@ class _TransformersArm:
         from transformers import AutoModelForCausalLM
 
         from suffixmem.config import resolve_dtype
+        from suffixmem.engine.torch.kv_pool import torch_dtype
 
         self.model = AutoModelForCausalLM.from_pretrained(
-            str(model_path), dtype=getattr(torch, resolve_dtype("auto"))).eval()
+            str(model_path), dtype=torch_dtype(resolve_dtype("auto"))).eval()
         self.ids = torch.tensor([list(prompt)])
         self.decode_tokens = decode_tokens
         self._gen(2)  # warm-up on the real prompt (first-call allocations)
@@ -220,6 +222,7 @@ def run_engines(prompt_tokens: int = 1500, decode_tokens: int = 64, model: str =
 
     from suffixmem.chat_template import ChatTemplate
     from suffixmem.engine.protocol import Message
+    from suffixmem.engine.torch.kv_pool import torch_dtype
     from suffixmem.models import resolve_model
 
     unknown = [e for e in engines if e not in ENGINE_NAMES]
@@ -238,7 +241,7 @@ def run_engines(prompt_tokens: int = 1500, decode_tokens: int = 64, model: str =
         set_threads(counts[-1])
         limits = measure_limits()
         limits.update(model_costs(path, len(prompt),
-                                  4 if limits["matmul_dtype"] == "float32" else 2))
+                                  torch_dtype(limits["matmul_dtype"]).itemsize))
         runner_by_threads: dict[str, dict[str, float]] = {}
         for t in counts:  # the runner's decode steps at each thread count, the top one last
             set_threads(t)

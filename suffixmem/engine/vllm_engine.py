@@ -145,8 +145,10 @@ class VLLMEngine(BaseEngine):
                         "of this process cannot run until this KV-tier engine is closed", others)
         cache = self._engine.vllm_config.cache_config
         hf = self._engine.vllm_config.model_config.hf_config
+        from suffixmem.engine.torch.kv_pool import torch_dtype
+
         per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * (
-            hf.hidden_size // hf.num_attention_heads) * (4 if config.dtype == "float32" else 2)
+            hf.hidden_size // hf.num_attention_heads) * torch_dtype(config.dtype).itemsize
         self._stats.kv_capacity_bytes = int((cache.num_gpu_blocks or 0) * self.block_size
                                             * per_token)
 

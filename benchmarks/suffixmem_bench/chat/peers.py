@@ -134,8 +134,9 @@ def kv_bytes_per_token(model_path: Path, dtype: str = "auto") -> int:
     import json
 
     from suffixmem.config import resolve_dtype
+    from suffixmem.engine.torch.kv_pool import torch_dtype
 
-    dtype_bytes = 4 if resolve_dtype(dtype) == "float32" else 2
+    dtype_bytes = torch_dtype(resolve_dtype(dtype)).itemsize
     cfg = json.loads((model_path / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * dtype_bytes
@@ -325,6 +326,7 @@ class TransformersGenerate(ChatConfig):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from suffixmem.config import resolve_dtype
+        from suffixmem.engine.torch.kv_pool import torch_dtype
         from suffixmem.models import resolve_model
 
         torch.set_num_threads(options.threads)
@@ -335,7 +337,7 @@ class TransformersGenerate(ChatConfig):
         # peer is not slowed by a dtype the engines avoid
         self.dtype = resolve_dtype("auto")
         self.model = AutoModelForCausalLM.from_pretrained(str(self.path),
-                                                          dtype=getattr(torch, self.dtype))
+                                                          dtype=torch_dtype(self.dtype))
         self.model.eval()
         self.eos = self.tokenizer.eos_token_id
         self.chat = _TextHistory(self.tokenizer,
