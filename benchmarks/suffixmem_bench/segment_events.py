@@ -274,12 +274,12 @@ def measure_events(llama: Any, engine: Any, encode: Callable[[str], list[int]],
                    progress: Callable[[str], None] | None = None,
                    workloads: Sequence[str] = EVENT_WORKLOADS) -> dict[str, dict[str, Any]]:
     """Per event workload: the events' summary, every method's quality on them
-    (``methods_quality``, bf16 primitives), the method ``choose_method`` picks and whether it
-    passes the gate. Each method's ``task_agreement`` (and ``task_exact_accuracy``) come from
-    the events with a code planted in their longest reused span and asked for
-    (``segment_task.plant_all``, ``task_events`` of them); the first-line check on the
-    workload's own question stays as ``first_line_agreement``. Workloads without an event
-    report ``events: 0`` and no method."""
+    (``methods_quality``, on ``llama``: load it in the serving dtype), the method
+    ``choose_method`` picks and whether it passes the gate. Each method's ``task_agreement``
+    (and ``task_exact_accuracy``) come from the events with a code planted in their longest
+    reused span and asked for (``segment_task.plant_all``, ``task_events`` of them); the
+    first-line check on the workload's own question stays as ``first_line_agreement``.
+    Workloads without an event report ``events: 0`` and no method."""
     from suffixmem_bench.segment_scenarios import choose_method, methods_quality
     from suffixmem_bench.segment_task import plant_all
 
@@ -315,12 +315,21 @@ def check_event_workloads(names: Sequence[str]) -> None:
 
 
 def serving_engine(model: str, threads: int) -> Any:
-    """The torch engine ``bench segments`` replays and times through (bf16, a 4,096-token
-    window, a 0.5 GiB pool, ``threads`` torch threads)."""
+    """The torch engine ``bench segments`` replays and times through (its default dtype,
+    ``auto``: bf16 with AVX-512 BF16 or CUDA, else fp32; a 4,096-token window, a 0.5 GiB pool,
+    ``threads`` torch threads)."""
     from suffixmem.engine import create_engine
 
     return create_engine("torch", model=model, max_model_len=4096, kv_cache_gib=0.5,
                          extra={"num_threads": threads})
+
+
+def serving_dtype(engine: Any) -> str:
+    """The dtype ``engine`` serves in: the quality primitives load the model in it, so that
+    the gate measures the rounding users get (bf16 where it is native; fp32 on a CPU without
+    AVX-512 BF16, where ``auto`` serves fp32 and a bf16 replay would measure what nobody
+    serves, ~8x slower)."""
+    return str(engine.stats().extra["dtype"])
 
 
 def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None,
@@ -336,6 +345,7 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
     import torch
 
     from suffixmem.config import DEFAULT_MODEL
+    from suffixmem.engine.torch.kv_pool import torch_dtype
     from suffixmem.engine.torch.llama import Llama
     from suffixmem_bench.segment_prompts import model_codec
     from suffixmem_bench.segment_scenarios import blends, parse_method
@@ -347,8 +357,9 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
     path, encode, decode = model_codec(model)
     method_list = [parse_method(m) for m in methods] if methods else blends()
     engine = serving_engine(model, threads)
+    dtype = serving_dtype(engine)
     try:
-        llama = Llama.from_pretrained(path, torch.bfloat16)
+        llama = Llama.from_pretrained(path, torch_dtype(dtype))
         events = measure_events(llama, engine, encode, method_list, continuation, sessions,
                                 {w: turns for w in workloads} if turns else None, decode,
                                 progress, workloads)
@@ -359,5 +370,5 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
         "setup": {"workloads": list(workloads), "event_sessions": sessions,
                   "event_turns": turns, "continuation": continuation,
                   "methods": [m.label() for m in method_list], "threads": threads,
-                  "seconds": round(time.perf_counter() - t0, 1)},
+                  "dtype": dtype, "seconds": round(time.perf_counter() - t0, 1)},
     }

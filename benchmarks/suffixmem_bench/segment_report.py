@@ -11,11 +11,12 @@ COLUMNS = ("mean_kl", "top1_agreement", "free_running_agreement", "task_agreemen
 def _methods(console: Any, result: dict[str, Any]) -> None:
     from rich.table import Table
 
+    dtype = result.get("setup", {}).get("dtype", "bf16")
     blocks = {f"scenario {k}": v for k, v in result.get("methods", {}).items()}
     blocks.update({f"{k} events ({v['events']})": v["methods"]
                    for k, v in result.get("events", {}).items() if v.get("methods")})
     for title, rows in blocks.items():
-        table = Table(title=f"recompute methods, {title} (bf16 primitives)")
+        table = Table(title=f"recompute methods, {title} ({dtype} primitives)")
         table.add_column("method")
         for col in ("mean KL", "top-1", "free-running", "task", "task, exact right",
                     "first line", "compute share"):
@@ -41,7 +42,8 @@ def print_report(console: Any, result: dict[str, Any]) -> None:
                       f"{row['top1_agreement']:.3f}", f"{row['free_running_agreement']:.3f}",
                       f"{row['ttft_speedup']:.2f}x")
     console.print(table)
-    scen = Table(title=f"scenarios (bf16, method {result['scenario_gate']['method']})")
+    dtype = result.get("setup", {}).get("dtype", "bf16")
+    scen = Table(title=f"scenarios ({dtype}, method {result['scenario_gate']['method']})")
     for col in ("scenario", "mean KL", "top-1", "free-running", "task", "exact right",
                 "reuse right", "TTFT speed-up"):
         scen.add_column(col, justify="right")

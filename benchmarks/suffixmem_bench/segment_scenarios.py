@@ -16,7 +16,8 @@ independent construction (else the most accurate), and that one also runs throug
 engine. Per scenario, against full recomputation of the evaluated prompt:
 
 - ``mean_kl`` / ``top1_agreement``: teacher-forced over the reference's greedy continuation, on
-  the engine's own primitives (``Llama`` + ``place_segments``) in the serving dtype (bf16);
+  the engine's own primitives (``Llama`` + ``place_segments``) in the serving dtype (bf16 where
+  it is native);
 - ``free_running_agreement``: share of the reference's greedy continuation (``continuation``
   tokens) the reuse run reproduces before its first divergence, both through ``TorchEngine``;
 - ``task_agreement``: each document holds a code sentence (``The code of Document 2 is 4821.``)
@@ -323,7 +324,7 @@ def scenario_engine(engine: Any, prompts: Sequence[ScenarioPrompt], blend: Any, 
 
 
 GATE: dict[str, float] = {"top1_min": 0.97, "kl_max": 0.02, "free_min": 0.5, "task_min": 0.9}
-"""Issue 14's gate (bf16, against full recomputation)."""
+"""Issue 14's gate (the serving dtype, against full recomputation)."""
 
 
 def gate_passed(row: dict[str, float]) -> bool:
@@ -358,7 +359,7 @@ def run_scenarios(llama: Any, engine: Any, encode: Encode, methods: Sequence[Any
     ``scenarios``: ``{"methods": {scenario: {label: row}}, "chosen": label,
     "chosen_passed_on_primitives": bool, "scenarios": {scenario: {mean_kl, top1_agreement,
     free_running_agreement, task_agreement, ttft_speedup, ...}}}``. In ``scenarios`` KL and top-1
-    come from the primitives (bf16), free-running, task and TTFT from the engine."""
+    come from the primitives (the serving dtype), free-running, task and TTFT from the engine."""
     by_label = {m.label(): m for m in methods}
     prompts = {name: build_scenario(encode, name, count, segment_tokens, seed)
                for name in dict.fromkeys([*method_scenarios, *scenarios])}

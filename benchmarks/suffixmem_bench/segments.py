@@ -20,13 +20,15 @@ Per ``(k, r)`` on the grid:
 
 Quality is measured on our own ``Llama`` primitives and ``place_segments`` (the engine's code),
 in fp32 by default so that kernel rounding does not blur the comparison; TTFT runs through
-``TorchEngine`` in its default dtype (bf16). The defaults are the fastest setting that passes
-the gate (top-1 >= 0.95, KL <= 0.05, speed-up >= 2 with segments >= 75% of the prompt); when
-none passes the report says so and exact mode stays the default.
+``TorchEngine`` in its default dtype (``auto``: bf16 with AVX-512 BF16 or CUDA, else fp32).
+The defaults are the fastest setting that passes the gate (top-1 >= 0.95, KL <= 0.05,
+speed-up >= 2 with segments >= 75% of the prompt); when none passes the report says so and
+exact mode stays the default.
 
 ``scenarios`` and ``methods`` (``segment_scenarios.py``) measure every recompute method
-(first-k, CacheBlend top-r, check depth, fresh lower layers) in bf16 on the engine's primitives
-on three constructions (same context, independent, reordered); the cheapest method that passes
+(first-k, CacheBlend top-r, check depth, fresh lower layers) on the engine's primitives in the
+dtype the engine serves (``setup.dtype``: bf16 where it is native, else fp32) on three
+constructions (same context, independent, reordered); the cheapest method that passes
 issue 14's gate on the independent construction (else the most accurate) then runs through the
 serving engine, with a task check (a code written into a reused segment and asked for:
 ``segment_task.py``), for ``scenarios``. ``events`` (``segment_events.py``) are the overflow and
@@ -125,7 +127,12 @@ def run_segments(
 
     from suffixmem.engine.torch.kv_pool import torch_dtype
     from suffixmem.engine.torch.llama import Llama
-    from suffixmem_bench.segment_events import measure_events, serving_engine, workload_defaults
+    from suffixmem_bench.segment_events import (
+        measure_events,
+        serving_dtype,
+        serving_engine,
+        workload_defaults,
+    )
     from suffixmem_bench.segment_prompts import model_codec
     from suffixmem_bench.segment_scenarios import (
         GATE,
@@ -152,25 +159,26 @@ def run_segments(
 
     say("time to first token through the torch engine")
     engine = serving_engine(model, threads)
-    bf16 = Llama.from_pretrained(path, torch.bfloat16)
+    dtype = serving_dtype(engine)
+    served = Llama.from_pretrained(path, torch_dtype(dtype))
     try:
         ttft, exact_ttft = measure_ttft(engine, bench, grid, repeats, check_layers)
-        say(f"scenarios: {len(method_list)} methods on the primitives (bf16), the chosen one "
-            "through the engine")
-        sc = run_scenarios(bf16, engine, encode, method_list, scenario_prompts or prompts,
+        say(f"scenarios: {len(method_list)} methods on the primitives ({dtype}), the chosen "
+            "one through the engine")
+        sc = run_scenarios(served, engine, encode, method_list, scenario_prompts or prompts,
                            segment_tokens, continuation, seed, decode=decode,
                            method_scenarios=tuple(method_scenarios or SCENARIOS))
         events: dict[str, dict[str, Any]] = {}
         if event_sessions > 0:
             say("overflow and rag: real reuse events (replies generated exactly)")
-            events = measure_events(bf16, engine, encode, method_list,
+            events = measure_events(served, engine, encode, method_list,
                                     continuation=48, sessions=event_sessions,
                                     turns=event_turns, decode=decode, progress=say)
     finally:
         engine.close()
 
     say("detector regions on multi-turn sessions")
-    detector = detector_reuse(bf16, encode, sessions=detector_sessions, seed=seed)
+    detector = detector_reuse(served, encode, sessions=detector_sessions, seed=seed)
 
     rows = []
     for g in grid:
@@ -212,7 +220,7 @@ def run_segments(
             "prompts": len(bench), "segments_per_prompt": segments,
             "prompt_tokens_mean": statistics.fmean(len(p.ids) for p in bench),
             "continuation": continuation, "quality_dtype": quality_dtype,
-            "ttft_dtype": engine.config.dtype, "check_layers": list(check_layers),
+            "ttft_dtype": engine.config.dtype, "dtype": dtype, "check_layers": list(check_layers),
             "exact_ttft_s": exact_ttft, "event_sessions": event_sessions,
             "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
         },

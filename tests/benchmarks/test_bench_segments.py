@@ -107,6 +107,10 @@ def test_events_only_replays_just_the_named_workload(model_path) -> None:  # typ
     assert set(out["events"]) == set(out["workload_defaults"]) == {"rag"}
     rag = out["events"]["rag"]
     assert rag["events"] <= 1 and out["setup"]["methods"] == ["k0", "k0-r1@1"]
+    # quality is measured in the dtype the engine serves (bf16 only where it is native)
+    from suffixmem.config import resolve_dtype
+
+    assert out["setup"]["dtype"] == resolve_dtype("auto")
     if rag["events"]:  # the task check asks for a code planted in the event's reused span
         assert rag["task_events"] == 1
         for row in rag["methods"].values():
