@@ -8,10 +8,9 @@ COLUMNS = ("mean_kl", "top1_agreement", "free_running_agreement", "task_agreemen
            "task_agreement_exact_right", "first_line_agreement", "compute_share")
 
 
-def _methods(console: Any, result: dict[str, Any]) -> None:
+def _methods(console: Any, result: dict[str, Any], dtype: str) -> None:
     from rich.table import Table
 
-    dtype = result.get("setup", {}).get("dtype", "bf16")
     blocks = {f"scenario {k}": v for k, v in result.get("methods", {}).items()}
     blocks.update({f"{k} events ({v['events']})": v["methods"]
                    for k, v in result.get("events", {}).items() if v.get("methods")})
@@ -42,7 +41,7 @@ def print_report(console: Any, result: dict[str, Any]) -> None:
                       f"{row['top1_agreement']:.3f}", f"{row['free_running_agreement']:.3f}",
                       f"{row['ttft_speedup']:.2f}x")
     console.print(table)
-    dtype = result.get("setup", {}).get("dtype", "bf16")
+    dtype = result.get("setup", {}).get("dtype", "bf16")  # runs before 2026-12-03: bf16
     scen = Table(title=f"scenarios ({dtype}, method {result['scenario_gate']['method']})")
     for col in ("scenario", "mean KL", "top-1", "free-running", "task", "exact right",
                 "reuse right", "TTFT speed-up"):
@@ -54,7 +53,7 @@ def print_report(console: Any, result: dict[str, Any]) -> None:
                      f"{row['free_running_agreement']:.3f}", f"{row['task_agreement']:.2f}",
                      *right, f"{row['ttft_speedup']:.2f}x")
     console.print(scen)
-    _methods(console, result)
+    _methods(console, result, dtype)
     gate, d = result["gate"], result["defaults"]
     share = gate["segment_share"]
     if gate["passed"]:
