@@ -143,8 +143,9 @@ asks 90%) at 0.28x stock vLLM's time to first token. ``k16-q0.4`` (query-aware r
 passes the gate there (93%) and on independent documents (92%), but at 1.04x stock vLLM's TTFT
 on that workload (0.94x from turn 8), barely faster than exact recomputation (``bench chat
 --workload rag``, 2026-12-03): ``EngineConfig(segment_method="k16-q0.4")`` trades the speed
-for it; ``k16-p0.2`` (query patch) matched its task agreement at less work on a 19-event replay,
-untimed (docs/segment-reuse.md)."""
+for it; ``k16-p0.2`` (query patch) matched its task agreement at less work on a 19-event replay
+and passes the gate on the 59-event replay in fp32 (97%), at 0.80x stock vLLM's TTFT on an
+AVX2 host in fp32; its bf16 timing is still to do (docs/segment-reuse.md)."""
 
 
 def select_recompute(
