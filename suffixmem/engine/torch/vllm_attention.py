@@ -26,7 +26,7 @@ fp32 models (the reference mode), ``exact_decode`` and the dense reference ``Lla
 never use it. In fp32 it would not pay either: on an AMD EPYC host without AVX-512 (where
 ``dtype="auto"`` serves fp32), 9 query and 3 KV heads of 64, its fp32 path took 1.4x SDPA's
 time for a 1,500-token causal prefill (39 vs 29 ms a layer), 1.5x for 300 queries over 1,500
-keys and 3x for one decode query over 2,000 (2026-12-04, min of 5, alone).
+keys and 1.5-3x for one decode query over 2,000 (2026-12-04, two runs, min of 5 each, alone).
 """
 
 from __future__ import annotations
