@@ -29,6 +29,15 @@ def _methods(console: Any, result: dict[str, Any], dtype: str) -> None:
         console.print(f"default for {name}: {state} ({d['method']}): {d['why']}")
 
 
+def print_events_report(console: Any, result: dict[str, Any]) -> None:
+    """``bench segments --events``' result: each workload's replay and methods, and the
+    defaults per workload class (the whole bench's report needs its grid)."""
+    for name, ev in result["events"].items():
+        console.print(f"{name}: {ev['events']} reuse events, {ev['prompt_tokens_mean']:.0f} "
+                      f"prompt tokens on average; chosen {ev.get('chosen') or '-'}")
+    _methods(console, result, result["setup"]["dtype"])
+
+
 def print_report(console: Any, result: dict[str, Any]) -> None:
     """The grid, the scenarios, the methods, the events and the defaults as tables."""
     from rich.table import Table

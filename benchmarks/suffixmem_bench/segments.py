@@ -283,7 +283,12 @@ def register(bench: typer.Typer) -> None:
                 result = run_events(names, event_sessions, event_turns or None,
                                     methods.split() or None, model, threads, progress=say)
             result.update(ctx.fields())
-            print(json.dumps(result) if as_json else json.dumps(result, indent=1))
+            if as_json:
+                print(json.dumps(result))
+            else:
+                from suffixmem_bench.segment_report import print_events_report
+
+                print_events_report(console, result)
             return
         with quiet_stdout(as_json), RunContext(threads) as ctx:
             result = run_segments(

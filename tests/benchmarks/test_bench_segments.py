@@ -93,6 +93,27 @@ def test_events_of_an_unknown_workload_are_a_usage_error() -> None:
     assert result.exit_code == 2 and "--event-turns" in result.output
 
 
+def test_events_report_prints_tables_not_json() -> None:
+    """``--events`` without ``--json`` prints the methods table and the defaults per workload
+    class, here of the committed fp32 replay of the rag workload's 59 events."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from suffixmem_bench.segment_report import print_events_report
+
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "results/segments-rag-events-avx2-fp32-8527c13.json").read_text())
+    console = Console(record=True, width=160)
+    print_events_report(console, result)
+    text = console.export_text()
+    assert "rag: 59 reuse events" in text and "rag events (59) (float32 primitives)" in text
+    assert "k16-p0.2" in text and "0.966" in text  # its task agreement, 57 of 59
+    assert "default for rag: segment reuse on (k16-p0.2): gate passed" in text
+    assert "{" not in text
+
+
 @pytest.mark.slow
 def test_events_only_replays_just_the_named_workload(model_path) -> None:  # type: ignore[no-untyped-def]
     import json
