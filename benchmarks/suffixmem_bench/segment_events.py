@@ -317,11 +317,13 @@ def check_event_workloads(names: Sequence[str]) -> None:
 def serving_engine(model: str, threads: int) -> Any:
     """The torch engine ``bench segments`` replays and times through (its default dtype,
     ``auto``: bf16 with AVX-512 BF16 or CUDA, else fp32; a 4,096-token window, a 0.5 GiB pool,
-    ``threads`` torch threads)."""
+    ``threads`` torch threads). ``public-prefix`` scope, so that the ``shared`` segments one
+    prompt computed serve the next (another session key); the bench's segments never start
+    at position 0, so no prefix-cache block is shared."""
     from suffixmem.engine import create_engine
 
     return create_engine("torch", model=model, max_model_len=4096, kv_cache_gib=0.5,
-                         extra={"num_threads": threads})
+                         isolation="public-prefix", extra={"num_threads": threads})
 
 
 def serving_dtype(engine: Any) -> str:

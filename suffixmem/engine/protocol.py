@@ -136,8 +136,10 @@ class SamplingParams:
 class Segment:
     """A span ``[start, end)`` of the prompt's token ids whose KV may be reused elsewhere.
 
-    ``shared`` segments (a common system prompt) live in a global namespace; others are keyed by
-    the request's session. Engines without segment reuse ignore segments.
+    ``shared`` segments (a common system prompt, passages the application wrote) live in a
+    global namespace where the engine's isolation scope shares across sessions
+    (``public-prefix``, ``app``), else in the session's own like the others. Engines without
+    segment reuse ignore segments.
     """
 
     start: int

@@ -6,7 +6,11 @@ approximate), in the engine's driver thread:
 
 - ``apply``: each marked segment (overlaps resolved by ``anchors.merge_segments``) lying after
   the prefix-cache hit is looked up in the ``SegmentCache`` (the request's session namespace,
-  then the global one for shared segments). Hits are placed at their new positions
+  then the global one for shared segments). The engine's isolation scope bounds sharing as it
+  bounds the prefix cache's: in ``session`` scope (the default) a ``shared`` segment is kept
+  in its session's namespace like any other, so no session is served (or can time) KV
+  another computed; in ``public-prefix`` and ``app`` scope it is shared by the engine's
+  tenant. Hits are placed at their new positions
   (``placement.place_segments``: RoPE re-rotation, first-k and top-r recompute); the engine
   then prefills only what remains. ``Result.reused_segment_tokens`` counts the reused tokens
   (they are part of ``cached_tokens``), ``recomputed_tokens`` the segment tokens recomputed.
@@ -65,6 +69,9 @@ class SegmentReuseHook:
         self.engine = engine
         self.shift = shift
         self.documents = documents
+        # may a ``shared`` segment serve other sessions? (the isolation scope decides)
+        iso = getattr(engine, "isolation", None)
+        self.share = iso is not None and iso.scope != "session"
         self._stores: dict[str, list[Segment]] = {}
         self.requests = 0
         self.segments_seen = 0
@@ -157,12 +164,13 @@ class SegmentReuseHook:
             if self.cache.contains(request.session_key, ids):
                 continue
             blocks = seq.block_table[s.start // bs:(s.end - 1) // bs + 1]
+            shared = s.shared and self.share
             features = SegmentFeatures(
-                num_tokens=len(ids), kind=s.kind, shared=s.shared, position=s.start,
+                num_tokens=len(ids), kind=s.kind, shared=shared, position=s.start,
                 prompt_tokens=n,
             )
             self.cache.put(request.session_key, ids, blocks, s.start % bs, s.start,
-                           kind=s.kind, shared=s.shared, features=features)
+                           kind=s.kind, shared=shared, features=features)
 
     def _shift_sources(self, engine: ReuseEngine, seq: Sequence, request: Request,
                        prompt: list[int], num_cached: int,

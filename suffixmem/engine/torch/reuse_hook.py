@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
+    from suffixmem.engine.isolation import IsolationPolicy
     from suffixmem.engine.protocol import Request
     from suffixmem.engine.torch.block_pool import BlockPool
     from suffixmem.engine.torch.model_runner import ModelRunner
@@ -46,6 +47,7 @@ class ReuseEngine(Protocol):
     runner: ModelRunner
     model: Any
     reuse: Any
+    isolation: IsolationPolicy
 
     def run_in_driver(self, fn: Callable[[Any], T]) -> T: ...
 

@@ -41,8 +41,10 @@ class Clock:
 def engine() -> Iterator[object]:
     from suffixmem.engine import create_engine
 
+    # ``public-prefix``: shared segments serve other sessions (in ``session`` scope they do
+    # not: the last test); the segments here never start at 0, so no prefix block is public
     eng = create_engine("torch", max_model_len=1024, kv_cache_gib=0.25, dtype="float32",
-                        extra={"num_threads": 2})
+                        isolation="public-prefix", extra={"num_threads": 2})
     yield eng
     eng.close()
 
@@ -172,3 +174,20 @@ def test_value_tiers_apply_in_the_engine(engine) -> None:  # type: ignore[no-unt
         finally:
             engine.run_in_driver(lambda e, h=h: h.cache.clear())
             engine.reuse = None
+
+
+def test_session_scope_keeps_shared_segments_in_their_session() -> None:
+    """The isolation scope bounds the segment cache as it bounds the prefix cache: in the
+    default ``session`` scope a segment marked ``shared`` serves its own session only."""
+    from suffixmem.engine import create_engine
+
+    private = create_engine("torch", max_model_len=1024, kv_cache_gib=0.25, dtype="float32",
+                            extra={"num_threads": 2})
+    try:
+        SegmentReuseHook.install(private, BLEND, SegmentCacheConfig(max_blocks=64))
+        ask(private, "erin", 0, shared=True)
+        assert ask(private, "frank", 1, shared=True).reused_segment_tokens == 0
+        assert ask(private, "erin", 1, shared=True).reused_segment_tokens > 0
+        assert private.reuse.cache.stats().entries == 2  # one per session, none global
+    finally:
+        private.close()
