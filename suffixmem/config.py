@@ -107,8 +107,11 @@ class EngineConfig:
       ``auto`` resolves at construction (``resolve_dtype``): ``bfloat16`` on CUDA and on CPUs
       with AVX-512 BF16, ``float32`` on other CPUs, where bf16 products are emulated and both
       engines ran ~2.5x slower in bf16 than in fp32 (an AVX2-only host, docs/torch-engine.md).
-    - ``segment_reuse``: (torch engine) keep a segment cache so that marked segments of a prompt
-      (``Request.segments``) are reused at new positions when a request sets ``exact=False``.
+    - ``segment_reuse``: (torch engine, default on) keep a segment cache so that marked
+      segments of a prompt (``Request.segments``) are reused at new positions when a request
+      sets ``exact=False``; exact requests are never affected. The conversation manager sends
+      such requests by default only for the workload classes whose quality gate passed
+      (``ManagerConfig.rag_reuse``, ``context_shift``; docs/segment-reuse.md "Defaults").
     - ``segment_method``: (torch engine) the recompute method of segment reuse, a
       ``BlendConfig`` label (``k16``, ``k16-q0.4``, ``k16-p0.1``;
       ``suffixmem.engine.reuse.blend``); ``None``: ``DEFAULT_BLEND``. Context shift alone keeps
@@ -139,7 +142,7 @@ class EngineConfig:
     dtype: str = "auto"
     enforce_eager: bool | None = None
     seed: int = 0
-    segment_reuse: bool = False
+    segment_reuse: bool = True
     segment_method: str | None = None
     context_shift: bool = True
     kv_tier: bool = False

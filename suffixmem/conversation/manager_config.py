@@ -39,14 +39,23 @@ class ManagerConfig:
       the same default as the engine's segment cache).
     - ``lock_timeout_s``: how long a turn waits for its session's lock (``SessionBusyError``).
     - ``max_message_chars``: size limit of each message / context block / system prompt.
-    - ``exact``: passed to the engine (False lets it reuse document segments approximately).
+    - ``exact``: False sends every turn approximately (the engine may reuse any marked segment,
+      context blocks included, at new positions); True (default) only the classes below.
+    - ``rag_reuse``: when the application rewrites the system prompt with this turn's retrieved
+      passages under a kept history (LlamaIndex's ``CondensePlusContextChatEngine``; a
+      ``complete`` call whose history was rewritten, not just trimmed, and whose system prompt
+      has passages), the turn goes to the engine with ``exact=False``: the passages are marked
+      (``layout.passage_segments``) and the history is found by context shift, both reused at
+      their new positions (torch engine with ``segment_reuse``; vLLM ignores it). Default on:
+      ``bench segments``' gate passes on the rag workload's reuse events with the engine's
+      default method (docs/segment-reuse.md). False keeps such turns exact.
     - ``context_shift``: when the layout (or, through ``complete``, the application's own
       sliding window) drops a session's old turns, the engine may reuse the kept turns' KV at
       their new positions (the torch engine's context shift; vLLM ignores it): turns go to the
       engine with ``exact=False`` and no document segments, so only context shift
       approximates. Default on: ``bench segments``' gate passes on the overflow workload's
       eviction turns (docs/segment-reuse.md). Turns that drop nothing reproduce the exact run;
-      False keeps every turn exact.
+      False keeps those turns exact.
     - ``durability``: ``"async"`` (default) stores a finished turn just after the call
       returns, on the background worker, which saves the caller the commit (~0.5 ms); this
       process's next read of the session waits for it, but a process killed within
@@ -71,6 +80,7 @@ class ManagerConfig:
     max_message_chars: int = MAX_TEXT_CHARS
     record_segments: bool = True
     exact: bool = True
+    rag_reuse: bool = True
     context_shift: bool = True
     durability: str = "async"
     extra: dict[str, Any] = field(default_factory=dict)

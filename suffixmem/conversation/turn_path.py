@@ -119,7 +119,7 @@ class TurnPath:
             result: Result | None = None
             kicked = False
             for event in stream_turn(self.engine, plan, self.config.exact,
-                                     self.config.context_shift):
+                                     self.config.context_shift, self.config.rag_reuse):
                 if isinstance(event, Result):
                     result = event
                     continue

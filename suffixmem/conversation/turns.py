@@ -154,30 +154,36 @@ def build_prompt(layout: Layout, engine: Any, spec: TurnSpec, max_model_len: int
                         spec.window_start, budget)
 
 
-def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = False
-                ) -> Iterator[TokenEvent | Result]:
+def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = False,
+                rag_reuse: bool = False) -> Iterator[TokenEvent | Result]:
     """The engine's events for ``plan``; an early close or failure closes the engine stream
     (which aborts the request). Raises unless generation completed. ``exact=False`` lets the
-    engine reuse the prompt's document segments approximately; ``context_shift`` (with
-    ``exact``) sends an exact turn as ``exact=False`` without document segments (the shared
-    system head stays, for the isolation scope), so that only the engine's context shift may
-    approximate: kept turns at new positions after the layout, or
-    the application's own sliding window (``TurnSpec.trimmed``), dropped old ones. Any other
-    rewritten history (an edited conversation, another system prompt with new passages) stays
-    exact: reuse there is another workload class, with its own gate."""
-    shift = exact and context_shift and (not plan.spec.replace or plan.spec.trimmed)
+    engine reuse the prompt's document segments approximately. With ``exact``, two workload
+    classes still go as ``exact=False``, each where its flag and its gate allow:
+    ``context_shift`` sends a turn without document segments (the shared system head stays,
+    for the isolation scope), so that only the engine's context shift may approximate: kept
+    turns at new positions after the layout, or the application's own sliding window
+    (``TurnSpec.trimmed``), dropped old ones; ``rag_reuse`` sends a rewritten history whose
+    system prompt carries passages (this turn's retrieval) with those passages marked, so
+    that they and the history are reused at their new positions. Any other rewritten history
+    (an edited conversation under a plain system prompt) stays exact: no gate measured it."""
+    spec = plan.spec
+    rewritten = spec.replace and not spec.trimmed
     segments = plan.prompt.segments
+    passages = passage_segments(engine, spec.system_prompt, plan.prompt.token_ids) if (
+        not exact or (rag_reuse and rewritten)) else ()
+    rag = exact and bool(passages)
+    shift = exact and context_shift and not rewritten
     if not exact:  # passages the application wrote into the system prompt (layout, point 6)
-        segments = (*segments, *passage_segments(engine, plan.spec.system_prompt,
-                                                  plan.prompt.token_ids))
-    if shift:
-        # no document segments, but the shared head stays: the engine's isolation scope reads
+        segments = (*segments, *passages)
+    elif rag or shift:
+        # no context blocks, but the shared head stays: the engine's isolation scope reads
         # it (``public-prefix`` shares those blocks across sessions), and KV reused at its own
         # position 0 with nothing before it is what computing it gives
-        segments = public_head(segments)
+        segments = (*public_head(segments), *passages)
     request = Request(
         session_key=plan.spec.key, token_ids=plan.prompt.token_ids, sampling=plan.sampling,
-        segments=segments, exact=exact and not shift,
+        segments=segments, exact=exact and not (shift or rag),
     )
     events = engine.stream(request)
     result: Result | None = None

@@ -229,7 +229,8 @@ CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] = {
                        "ConversationManager + embedded vLLM (prefix caching, per-session salt)"),
     "suffixmem_torch": (lambda o: SuffixmemChat("suffixmem_torch", "torch", o),
                         "ConversationManager + suffixmem's torch engine (prefix reuse; context "
-                        "shift when a session outgrows the window)"),
+                        "shift when a session outgrows the window, passages and history "
+                        "reused when a rewritten history carries passages: the defaults)"),
     "suffixmem_torch_segments": (
         lambda o: SuffixmemChat("suffixmem_torch_segments", "torch", o, segments=True),
         "ConversationManager + torch engine, prefix and segment reuse (exact=False)"),
@@ -248,13 +249,15 @@ CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] = {
 WORKLOAD_CONFIGS: dict[str, tuple[Callable[[EngineOptions], ChatConfig], str]] = {
     "suffixmem_torch_sliding": (
         lambda o: SuffixmemChat("suffixmem_torch_sliding", "torch", o,
-                                manager_flags={"layout": "sliding", "context_shift": False}),
+                                manager_flags={"layout": "sliding", "context_shift": False,
+                                               "rag_reuse": False}),
         "ConversationManager + torch engine, sliding-window layout, exact (what frameworks "
         "do)"),
     "suffixmem_torch_exact": (
         lambda o: SuffixmemChat("suffixmem_torch_exact", "torch", o,
-                                engine_flags={"context_shift": False},
-                                manager_flags={"context_shift": False}),
+                                engine_flags={"context_shift": False,
+                                              "segment_reuse": False},
+                                manager_flags={"context_shift": False, "rag_reuse": False}),
         "ConversationManager + torch engine, context shift off: the stable layout alone, "
         "every turn exact"),
     "suffixmem_torch_public_prefix": (

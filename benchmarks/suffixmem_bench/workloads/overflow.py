@@ -20,10 +20,11 @@ PINNED: dict[str, int] = {"sessions": 4, "turns": 30, "max_tokens": 48, "system_
 ENGINE_OPTIONS: dict[str, Any] = {"max_model_len": 2048, "max_tokens": 48}
 CAPABILITY: dict[str, dict[str, dict[str, Any]]] = {
     "suffixmem_torch": {"engine": {}, "manager": {}},  # context shift is the default
-    "suffixmem_torch_exact": {"engine": {"context_shift": False},
-                              "manager": {"context_shift": False}},
+    "suffixmem_torch_exact": {"engine": {"context_shift": False, "segment_reuse": False},
+                              "manager": {"context_shift": False, "rag_reuse": False}},
     "suffixmem_torch_sliding": {"engine": {}, "manager": {"layout": "sliding",
-                                                          "context_shift": False}},
+                                                          "context_shift": False,
+                                                          "rag_reuse": False}},
 }
 
 

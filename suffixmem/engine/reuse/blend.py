@@ -136,16 +136,17 @@ class BlendConfig:
         return min(rest, round(self.ratio * num_tokens))
 
 
-DEFAULT_BLEND = BlendConfig(first_k=16)
-"""The segment-reuse hook's method when none is given (``k16``): what a caller opting in for
-speed gets. On the rag workload it answers as the exact run in 83% of 59 reuse events (the gate
-asks 90%) at 0.28x stock vLLM's time to first token. ``k16-q0.4`` (query-aware recompute)
-passes the gate there (93%) and on independent documents (92%), but at 1.04x stock vLLM's TTFT
-on that workload (0.94x from turn 8), barely faster than exact recomputation (``bench chat
---workload rag``, 2026-12-03): ``EngineConfig(segment_method="k16-q0.4")`` trades the speed
-for it; ``k16-p0.2`` (query patch) matched its task agreement at less work on a 19-event replay
-and passes the gate on the 59-event replay in fp32 (97%), at 0.80x stock vLLM's TTFT on an
-AVX2 host in fp32; its bf16 timing is still to do (docs/segment-reuse.md)."""
+DEFAULT_BLEND = BlendConfig(first_k=16, query_ratio=0.2, query_patch=True)
+"""The segment-reuse hook's method when none is given (``k16-p0.2``: the first 16 tokens of
+each segment, then the fifth of the reused tokens the question attends to most, patched in;
+docs/segment-reuse.md). The cheapest measured method that passes issue 14's gate where it is
+used: on the rag workload's reuse events in fp32 (task 57 of 59, top-1 0.995, free-running
+0.91) and in bf16 (18 of 19), at 0.44-0.56 of a full prefill's work; 0.80x stock vLLM's time
+to first token on that workload on an AVX2 host in fp32. On documents cached on their own
+(the independent construction) it misses the task check (0.75 in fp32), so the manager keeps
+that class exact by default; ``k16-q0.4`` passes it (0.92 in bf16) at 0.61 of a prefill.
+``k16`` (the default before) computes a quarter of a prefill and misses the task check on both
+(0.79-0.83 and 0.71); ``EngineConfig(segment_method="k16")`` still picks it for speed."""
 
 
 def select_recompute(

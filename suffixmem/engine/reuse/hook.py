@@ -143,8 +143,13 @@ class SegmentReuseHook:
             if shifted:
                 sources = sorted([*sources, *shifted], key=lambda src: src.start)
             self.shift.remember(request.session_key, seq.token_ids)
-        # shifted runs alone are placed by the method their own gate chose (``ContextShift``)
-        blend = self.blend if spans or self.shift is None else self.shift.blend or self.blend
+        # a request that marks documents (passages, context blocks) is the documents / rag
+        # class: its shifted history too is placed by the document method, as ``bench
+        # segments`` gated it on the rag workload's events; shifted runs alone (the overflow
+        # class) by the method their own gate chose (``ContextShift``)
+        documents = self.documents and any(s.kind == "document" for s in request.segments)
+        blend = (self.blend if spans or documents or self.shift is None
+                 else self.shift.blend or self.blend)
         placement = place_segments(engine.runner, seq.block_table, prompt, num_cached, sources,
                                    blend)
         return ReuseOutcome(placement.compute_positions, len(placement.reused_positions),

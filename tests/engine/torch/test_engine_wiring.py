@@ -1,5 +1,5 @@
-"""EngineConfig(segment_reuse=True) installs the segment cache; release_session reaches it. By
-default (context_shift on, segment_reuse off) the hook shifts turns but ignores document
+"""By default (context_shift and segment_reuse on) the hook shifts turns and keeps the segment
+cache; release_session reaches it. segment_reuse=False shifts turns but ignores document
 segments; context_shift=False and segment_reuse=False install nothing."""
 
 from __future__ import annotations
@@ -23,24 +23,27 @@ def _document_request(engine, session: str) -> Request:  # type: ignore[no-untyp
 
 
 def test_segment_reuse_switch_and_release() -> None:
-    plain = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, context_shift=False)
+    plain = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, context_shift=False,
+                          segment_reuse=False)
     try:
         assert plain.reuse is None and plain.release_session("x") == 0
     finally:
         plain.close()
-    default = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1)
+    shift_only = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1,
+                               segment_reuse=False)
     try:
-        assert default.reuse is not None and default.reuse.shift is not None
-        assert not default.reuse.documents
+        assert shift_only.reuse is not None and shift_only.reuse.shift is not None
+        assert not shift_only.reuse.documents
         for _ in range(2):  # a document segment is neither stored nor reused
-            out = default.generate(_document_request(default, "d1"))
+            out = shift_only.generate(_document_request(shift_only, "d1"))
             assert out.reused_segment_tokens == 0
-        assert default.reuse.stats().entries == 0 and not default.reuse._stores
+        assert shift_only.reuse.stats().entries == 0 and not shift_only.reuse._stores
     finally:
-        default.close()
-    engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, segment_reuse=True)
+        shift_only.close()
+    engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1)  # the defaults
     try:
         assert engine.reuse is not None and engine.reuse.documents
+        assert engine.reuse.shift is not None
         engine.generate(_document_request(engine, "s1"))
         assert engine.reuse.stats().entries >= 1
         assert engine.release_session("s1") >= 1
