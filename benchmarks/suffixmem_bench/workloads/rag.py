@@ -32,9 +32,7 @@ PINNED: dict[str, int] = {"sessions": 4, "turns": 10, "max_tokens": 48, "passage
                           "passage_tokens": 150, "top_k": 3}
 ENGINE_OPTIONS: dict[str, Any] = {"max_model_len": 4096, "max_tokens": 48}
 CAPABILITY: dict[str, dict[str, dict[str, Any]]] = {
-    # passages are the application's text: the ``public-prefix`` scope lets one session's
-    # passages serve another's (in the default ``session`` scope they serve their own session)
-    "suffixmem_torch_segments": {"engine": {"segment_reuse": True, "isolation": "public-prefix"},
+    "suffixmem_torch_segments": {"engine": {"segment_reuse": True},
                                  "manager": {"exact": False}},
 }
 # llama_index.core.chat_engine.condense_plus_context DEFAULT_CONTEXT_PROMPT_TEMPLATE
