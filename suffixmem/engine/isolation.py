@@ -75,6 +75,12 @@ class IsolationPolicy:
         return session_key
 
     @property
+    def shares_across_sessions(self) -> bool:
+        """Whether what a session marks ``shared`` may serve the tenant's other sessions (the
+        public prefix, and the segment cache's shared segments): every scope but ``session``."""
+        return self.scope != "session"
+
+    @property
     def public_salt(self) -> str:
         """Salt of public-prefix blocks (shared by the tenant's sessions)."""
         return f"\x00public:{self.tenant}"

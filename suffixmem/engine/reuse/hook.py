@@ -71,7 +71,7 @@ class SegmentReuseHook:
         self.documents = documents
         # may a ``shared`` segment serve other sessions? (the isolation scope decides)
         iso = getattr(engine, "isolation", None)
-        self.share = iso is not None and iso.scope != "session"
+        self.share = iso is not None and iso.shares_across_sessions
         self._stores: dict[str, list[Segment]] = {}
         self.requests = 0
         self.segments_seen = 0

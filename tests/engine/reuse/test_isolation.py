@@ -40,6 +40,8 @@ def test_salts_per_scope() -> None:
     assert public.public_tokens(segs, 7) == 7
     assert session.public_tokens(segs, 30) == 0 and app.public_tokens(segs, 30) == 0
     assert public.public_tokens((Segment(0, 10, "system_tail"),), 30) == 0  # not shared
+    # shared segments (segment cache) cross sessions exactly where public blocks may
+    assert [p.shares_across_sessions for p in (session, public, app)] == [False, True, True]
 
 
 def _cache(pool: BlockPool, ids: list[int], salts: list[str]) -> list[int]:
