@@ -3,13 +3,14 @@
 Each module (``overflow``, ``rag``, ``shared``) exposes:
 
 - ``ENGINE_OPTIONS``: ``EngineOptions`` fields the workload pins (``max_model_len`` ...);
-- ``CAPABILITY``: per configuration name, the extra engine flags (``EngineConfig`` fields) and
-  manager flags (``ManagerConfig`` fields) that turn on the capability the workload measures;
 - ``build(count, **overrides) -> Workload``: the deterministic workload (``overrides`` replace
   the pinned sizes, for small runs);
 - ``targets(configs) -> dict``: the issue's targets over the report's configurations.
 
-A target ``passed`` when *some* suffixmem configuration (the capability) meets it.
+A target ``passed`` when *some* suffixmem configuration (the capability) meets it. The
+configurations, with the engine and manager flags that turn each capability on or off, are
+``suffixmem_bench.chat.configs``' (``CONFIGS``, ``WORKLOAD_CONFIGS``): one table for every
+workload.
 
 ``get(name)`` returns the module. The chat harness (``suffixmem_bench.chat``) looks workloads up
 here; nothing here imports an engine.

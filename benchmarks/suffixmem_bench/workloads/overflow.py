@@ -18,14 +18,6 @@ from suffixmem_bench.chat.workload import Counter, Workload, build_workload
 NAME = "overflow"
 PINNED: dict[str, int] = {"sessions": 4, "turns": 30, "max_tokens": 48, "system_tokens": 300}
 ENGINE_OPTIONS: dict[str, Any] = {"max_model_len": 2048, "max_tokens": 48}
-CAPABILITY: dict[str, dict[str, dict[str, Any]]] = {
-    "suffixmem_torch": {"engine": {}, "manager": {}},  # context shift is the default
-    "suffixmem_torch_exact": {"engine": {"context_shift": False, "segment_reuse": False},
-                              "manager": {"context_shift": False, "rag_reuse": False}},
-    "suffixmem_torch_sliding": {"engine": {}, "manager": {"layout": "sliding",
-                                                          "context_shift": False,
-                                                          "rag_reuse": False}},
-}
 
 
 def build(count: Counter, **overrides: int) -> Workload:

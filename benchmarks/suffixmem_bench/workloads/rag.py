@@ -31,10 +31,6 @@ NAME = "rag"
 PINNED: dict[str, int] = {"sessions": 4, "turns": 10, "max_tokens": 48, "passages": 60,
                           "passage_tokens": 150, "top_k": 3}
 ENGINE_OPTIONS: dict[str, Any] = {"max_model_len": 4096, "max_tokens": 48}
-CAPABILITY: dict[str, dict[str, dict[str, Any]]] = {
-    "suffixmem_torch_segments": {"engine": {"segment_reuse": True},
-                                 "manager": {"exact": False}},
-}
 # llama_index.core.chat_engine.condense_plus_context DEFAULT_CONTEXT_PROMPT_TEMPLATE
 CONTEXT_TEMPLATE = """
   The following is a friendly conversation between a user and an AI assistant.

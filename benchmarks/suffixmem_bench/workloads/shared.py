@@ -27,12 +27,6 @@ PINNED: dict[str, int] = {"sessions": 16, "turns": 4, "max_tokens": 32, "system_
 INSTRUCTION_TOKENS = 300
 TOOL_MODULES: tuple[str, ...] = ("json", "shutil", "pathlib", "csv", "datetime", "statistics")
 ENGINE_OPTIONS: dict[str, Any] = {"max_model_len": 4096}
-CAPABILITY: dict[str, dict[str, dict[str, Any]]] = {
-    "suffixmem_torch_public_prefix": {"engine": {"isolation": "public-prefix",
-                                                 "tenant": "bench-shared"}, "manager": {}},
-    "suffixmem_vllm_app": {"engine": {"isolation": "app", "tenant": "bench-shared"},
-                           "manager": {}},
-}
 
 
 def tool_descriptions() -> Iterator[str]:
