@@ -106,10 +106,12 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
         return Reconciled("appended", sp, merged[:len(before)], tuple(tail), tuple(conv[n:]),
                           False)
     d = _dropped(conv, stored) if sp == stored_system else 0
-    # an edited history: reuse stored ids where the sent message still matches at its place
-    hist = tuple(
-        stored[d + i] if d + i < n and _same(m, stored[d + i]) and sp == stored_system else m
-        for i, m in enumerate(before))
+    # an edited history, or the same one under another system prompt (a RAG chat engine writes
+    # each turn's passages into it): where the sent message still matches at its place, the
+    # stored one comes back with its generated ids, so the prompt holds the tokens the model
+    # produced (what the engine cached), not a re-tokenization of their text
+    hist = tuple(stored[d + i] if d + i < n and _same(m, stored[d + i]) else m
+                 for i, m in enumerate(before))
     return Reconciled("rewritten", sp, hist, tuple(tail), (*hist, *tail), True, d)
 
 

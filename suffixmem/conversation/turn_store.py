@@ -249,7 +249,9 @@ class TurnQueries:
 
         stored, stamp = self._retrying(run, core=True)
         if replace_history:
-            self.history_cache.drop(sid)
+            # the new history is exactly what was stored (positions from 0, this stamp): the
+            # next turn, a RAG engine's usual rewrite, then reads only the session row
+            self.history_cache.put(sid, CachedHistory(stamp, stored))
         elif stored:
             self.history_cache.extend(sid, stored[0].position, stored, stamp)
         return [m.position for m in stored]

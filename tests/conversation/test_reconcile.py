@@ -47,3 +47,18 @@ def test_other_rewrites_are_not_a_window() -> None:
     assert other.replace and other.dropped == 0
     # a window must start at a user message
     assert reconcile(sent(*map(plain, STORED[3:]), four), STORED, SYSTEM, None).dropped == 0
+
+
+def test_another_system_prompt_keeps_the_stored_ids() -> None:
+    """A RAG chat engine resends the history under this turn's passages: a rewrite, but the
+    stored messages (and the generated ids of the replies) are the ones rendered."""
+    four = Message("user", "four?")
+    r = reconcile(sent(*map(plain, STORED), four, system="Context: x."), STORED, SYSTEM, None)
+    assert r.kind == "rewritten" and r.replace and r.dropped == 0
+    assert r.system_prompt == "Context: x."
+    assert r.history == tuple(STORED) and r.to_store == (*STORED, four)
+    # an edited message is sent as written; the ones around it keep their ids
+    edited = [*map(plain, STORED[:2]), Message("user", "TWO?"), *map(plain, STORED[3:]), four]
+    r = reconcile(sent(*edited, system="Context: y."), STORED, SYSTEM, None)
+    assert r.history[:2] == tuple(STORED[:2]) and r.history[2] == Message("user", "TWO?")
+    assert r.history[3] == STORED[3] and r.history[3].token_ids == (17,)

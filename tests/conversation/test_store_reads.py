@@ -111,6 +111,32 @@ def test_history_reads_only_what_changed_and_equals_the_database(db_url: str) ->
     b.close()
 
 
+def test_a_replacing_commit_leaves_its_history_for_the_next_read(db_url: str) -> None:
+    """A RAG engine rewrites the history every turn (this turn's passages in the system
+    prompt): the commit knows exactly what it stored, so the next turn reads the session row
+    alone, and what it gets is what the database holds."""
+    st = Store(db_url)
+    cache = st.history_cache
+    _turn(st, "q1", "r1")
+    _same_as_database(st)
+    full = cache.full
+    for i in range(2, 5):
+        msgs = st.messages("s")
+        st.commit_turn("s", [*(NewMessage(m.role, m.content, m.token_ids, m.token_count)
+                               for m in msgs),
+                             NewMessage("user", f"q{i}", None, 1),
+                             NewMessage("assistant", f"r{i}", (4, 5), 2)],
+                       EV, temperature=0.5, window_start=0,
+                       create=NewSession(None, "m", f"passages {i}"), replace_history=True)
+        hits = cache.hits
+        assert _same_as_database(st)[-2:] == [f"q{i}", f"r{i}"]
+        assert cache.hits == hits + 1  # the session row confirmed the committed history
+        rec, _ = st.turn_state("s")  # type: ignore[misc]
+        assert rec.system_prompt == f"passages {i}"
+    assert cache.full == full and cache.partial == 0
+    st.close()
+
+
 def test_writers_of_one_file_share_one_process_lock(tmp_path: Path) -> None:
     from suffixmem.conversation.database import writer_lock
 
