@@ -106,6 +106,11 @@ class ConversationManager(TurnPath):
                                       cfg.jump_temperature, cfg.temperature_recovery)
         self.counter = TokenCounter(engine)
         self.retention: RetentionPolicy = self.config.retention or PinnedLRU()
+        # the rag class goes approximate only where the engine's method passed its gate in the
+        # dtype it serves (None), unless the caller decided
+        gated = getattr(engine, "reuse_passes_gate", None)
+        self.rag_reuse: bool = (cfg.rag_reuse if cfg.rag_reuse is not None
+                                else bool(gated is not None and gated("rag")))
         self.topics = TopicCache(self.config.detect_topics, self.config.topic_detector,
                                  default_detector)
         self._locks = SessionLocks(self.config.lock_timeout_s)

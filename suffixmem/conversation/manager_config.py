@@ -46,9 +46,12 @@ class ManagerConfig:
       ``complete`` call whose history was rewritten, not just trimmed, and whose system prompt
       has passages), the turn goes to the engine with ``exact=False``: the passages are marked
       (``layout.passage_segments``) and the history is found by context shift, both reused at
-      their new positions (torch engine with ``segment_reuse``; vLLM ignores it). Default on:
-      ``bench segments``' gate passes on the rag workload's reuse events with the engine's
-      default method (docs/segment-reuse.md). False keeps such turns exact.
+      their new positions (torch engine with ``segment_reuse``). None (default): on exactly
+      where the engine's method passed ``bench segments``' gate on the rag workload's reuse
+      events in the dtype it serves (``Engine.reuse_passes_gate("rag")``): the torch engine's
+      default ``k16-p0.2`` in fp32 (CPUs without AVX-512 BF16), not in bf16, where it missed
+      the task check (docs/segment-reuse.md "Defaults"); never on the vLLM engine, which has no
+      approximate reuse. True sends such turns approximate anyway, False keeps them exact.
     - ``context_shift``: when the layout (or, through ``complete``, the application's own
       sliding window) drops a session's old turns, the engine may reuse the kept turns' KV at
       their new positions (the torch engine's context shift; vLLM ignores it): turns go to the
@@ -80,7 +83,7 @@ class ManagerConfig:
     max_message_chars: int = MAX_TEXT_CHARS
     record_segments: bool = True
     exact: bool = True
-    rag_reuse: bool = True
+    rag_reuse: bool | None = None
     context_shift: bool = True
     durability: str = "async"
     extra: dict[str, Any] = field(default_factory=dict)

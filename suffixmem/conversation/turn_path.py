@@ -49,6 +49,7 @@ class TurnPath:
     counter: TokenCounter
     retention: RetentionPolicy
     topics: TopicCache
+    rag_reuse: bool  # ManagerConfig.rag_reuse, resolved against the engine
     _locks: SessionLocks
     _shared: SharedTurnLock
     _versions: dict[str, int]
@@ -119,7 +120,7 @@ class TurnPath:
             result: Result | None = None
             kicked = False
             for event in stream_turn(self.engine, plan, self.config.exact,
-                                     self.config.context_shift, self.config.rag_reuse):
+                                     self.config.context_shift, self.rag_reuse):
                 if isinstance(event, Result):
                     result = event
                     continue

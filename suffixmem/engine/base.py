@@ -224,6 +224,11 @@ class BaseEngine(ABC):
         """Drop the session's cached segments; returns how many (0: no segment cache)."""
         return 0
 
+    def reuse_passes_gate(self, workload: str) -> bool:
+        """Whether this engine's approximate reuse passed the quality gate for ``workload``
+        (``"rag"``) in the method and dtype it serves; False: it has no approximate reuse."""
+        return False
+
     def delete_session_kv(self, session_key: str) -> int:
         """Forget a deleted session's KV tier files; returns how many (0: no tier)."""
         return 0

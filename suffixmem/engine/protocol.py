@@ -362,6 +362,14 @@ class Engine(Protocol):
         """Drop the session's cached segments; returns how many (0 without a segment cache)."""
         ...
 
+    def reuse_passes_gate(self, workload: str) -> bool:
+        """Whether the engine's approximate reuse passed the quality gate for the workload
+        class ``workload`` (``"rag"``) in the method and dtype it serves
+        (``suffixmem.engine.reuse.blend.GATE_PASSED``); the manager's defaults ask it. False
+        on engines without approximate reuse. Optional: the manager treats an engine without
+        it as False."""
+        ...
+
     def delete_session_kv(self, session_key: str) -> int:
         """Forget the KV a deleted session left behind (its disk-tier files, and on engines that
         can, its cached blocks); returns the tier files removed (0 without a tier)."""

@@ -2,8 +2,9 @@
 ``CondensePlusContextChatEngine``): ``layout.passage_segments`` marks them, and an approximate
 manager (``exact=False``) on the torch engine with segment reuse serves a passage another
 session's prompt computed (``public-prefix`` scope), at its new position; an exact manager's
-first turn never does. By default (``rag_reuse``) a rewritten history whose system prompt
-carries passages is reused within its session (``session`` scope), and never across sessions.
+first turn never does. By default (``rag_reuse``, where the engine's method passed the rag
+gate in its dtype: fp32 here) a rewritten history whose system prompt carries passages is
+reused within its session (``session`` scope), and never across sessions.
 Real model."""
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def engine(model_path: Path) -> Iterator[Recorder]:
 def private_engine(model_path: Path) -> Iterator[Recorder]:
     from suffixmem.engine import create_engine
 
-    eng = create_engine("torch", max_model_len=2048, kv_cache_gib=0.25)  # the defaults
+    # the defaults, in fp32: the dtype in which the default method passed the rag gate (in
+    # bf16 the manager keeps these turns exact by default; test_engine_wiring)
+    eng = create_engine("torch", max_model_len=2048, kv_cache_gib=0.25, dtype="float32")
     yield Recorder(eng)
     eng.close()
 
@@ -150,6 +153,7 @@ def test_a_rewritten_history_with_passages_is_reused_by_default_within_its_sessi
     engine = private_engine
     mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'rag.db'}",
                               ManagerConfig(detect_topics=False, max_tokens=16))
+    assert mgr.rag_reuse  # the default, resolved against this fp32 engine
     off = ConversationManager(engine, f"sqlite:///{tmp_path / 'off.db'}",
                               ManagerConfig(detect_topics=False, max_tokens=16, rag_reuse=False))
     try:

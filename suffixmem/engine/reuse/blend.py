@@ -139,14 +139,32 @@ class BlendConfig:
 DEFAULT_BLEND = BlendConfig(first_k=16, query_ratio=0.2, query_patch=True)
 """The segment-reuse hook's method when none is given (``k16-p0.2``: the first 16 tokens of
 each segment, then the fifth of the reused tokens the question attends to most, patched in;
-docs/segment-reuse.md). The cheapest measured method that passes issue 14's gate where it is
-used: on the rag workload's reuse events in fp32 (task 57 of 59, top-1 0.995, free-running
-0.91) and in bf16 (18 of 19), at 0.44-0.56 of a full prefill's work; 0.80x stock vLLM's time
-to first token on that workload on an AVX2 host in fp32. On documents cached on their own
-(the independent construction) it misses the task check (0.75 in fp32), so the manager keeps
-that class exact by default; ``k16-q0.4`` passes it (0.92 in bf16) at 0.61 of a prefill.
-``k16`` (the default before) computes a quarter of a prefill and misses the task check on both
-(0.79-0.83 and 0.71); ``EngineConfig(segment_method="k16")`` still picks it for speed."""
+docs/segment-reuse.md). The cheapest measured method that passes issue 14's gate anywhere:
+on the rag workload's 59 reuse events in fp32 (task 57 of 59, top-1 0.995, free-running 0.91)
+at 0.44 of a full prefill's work. In bf16 it misses the task check there (50 of 59, 0.85; the
+control, every reused token recomputed, 0.97), and on documents cached on their own in both
+dtypes (0.75 fp32, 0.79 bf16); ``GATE_PASSED`` says where it may be on by default.
+``k16-q0.4`` passes both in bf16 (0.93, 0.92) at 0.61-0.67 of a prefill, which leaves little
+of the speed. ``k16`` (the default before) computes a quarter of a prefill and misses the task
+check on both (0.79-0.83 and 0.71); ``EngineConfig(segment_method="k16")`` picks it for speed."""
+
+GATE_PASSED: dict[str, frozenset[tuple[str, str]]] = {
+    # results/segments-rag-events-avx2-fp32-8527c13.json (k16-p0.2, fp32, 57 of 59);
+    # results/segments-rag-events-amd-slow-ec8c679.json (k16-q0.4, bf16, 0.93)
+    "rag": frozenset({("k16-p0.2", "float32"), ("k16-q0.4", "bfloat16")}),
+}
+"""Workload class -> the (method label, serving dtype) pairs whose issue-14 quality gate passed
+on that class's real reuse events (``bench segments --events CLASS``: top-1 >= 0.97, KL <=
+0.02, free-running >= 0.5, task >= 0.9). A class is reused approximately by default only
+where its pair is listed (``gate_passed``); a pair never measured counts as failed. Only the
+classes the manager decides by it are here (``ManagerConfig.rag_reuse``); documents have no
+default-on pair (docs/segment-reuse.md "Defaults")."""
+
+
+def gate_passed(workload: str, blend: BlendConfig, dtype: str) -> bool:
+    """Whether ``blend`` passed the quality gate on ``workload``'s reuse events with the model
+    in ``dtype`` (``GATE_PASSED``)."""
+    return (blend.label(), dtype) in GATE_PASSED.get(workload, frozenset())
 
 
 def select_recompute(

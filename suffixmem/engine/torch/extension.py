@@ -18,6 +18,7 @@ from suffixmem.engine.torch.model_runner import RunOutput, SeqInput
 from suffixmem.engine.torch.sequence import Sequence
 
 if TYPE_CHECKING:
+    from suffixmem.config import EngineConfig
     from suffixmem.engine.kv_tier import KVTier
     from suffixmem.engine.torch.block_pool import BlockPool
     from suffixmem.engine.torch.kv_pool import KVPool
@@ -36,6 +37,7 @@ class TorchExtensionAPI:
     block_pool: BlockPool
     reuse: ReuseHook | None
     tier: TorchTier | None
+    config: EngineConfig
 
     if TYPE_CHECKING:  # provided by BaseEngine, which follows this class in the MRO
         def run_in_driver(self, fn: Callable[[Any], T]) -> T: ...
@@ -72,6 +74,15 @@ class TorchExtensionAPI:
         many. Prefix blocks stay: they are salted by session and simply age out of the LRU."""
         release = getattr(self.reuse, "release_session", None)
         return int(release(session_key)) if release is not None else 0
+
+    def reuse_passes_gate(self, workload: str) -> bool:
+        """Whether segment reuse, with its method (``EngineConfig.segment_method``) in the
+        dtype this engine serves, passed the quality gate for ``workload``
+        (``blend.GATE_PASSED``); False without segment reuse."""
+        from suffixmem.engine.reuse.blend import gate_passed
+
+        blend = getattr(self.reuse, "blend", None)  # a hook of our own names its method
+        return blend is not None and gate_passed(workload, blend, self.config.dtype)
 
     def delete_session_kv(self, session_key: str) -> int:
         """Forget everything the engine keeps of a deleted session: its cached prefix blocks

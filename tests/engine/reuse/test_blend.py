@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from suffixmem.engine.reuse.blend import (
+    DEFAULT_BLEND,
     BlendConfig,
     combine_deviations,
+    gate_passed,
     kv_deviation,
     select_attended,
     select_recompute,
@@ -126,3 +128,14 @@ def test_combine_deviations_weighs_layers_alike() -> None:
     assert torch.allclose(out, torch.tensor([1.0, 3.0, 2.0]))
     with pytest.raises(ValueError):
         combine_deviations([])
+
+
+def test_a_class_is_on_by_default_only_where_its_method_passed_in_that_dtype() -> None:
+    # the default method passed the rag gate in fp32 (57 of 59), not in bf16 (50 of 59)
+    assert gate_passed("rag", DEFAULT_BLEND, "float32")
+    assert not gate_passed("rag", DEFAULT_BLEND, "bfloat16")
+    assert gate_passed("rag", BlendConfig(first_k=16, query_ratio=0.4), "bfloat16")
+    # k16 alone missed everywhere; unmeasured pairs and classes count as failed
+    assert not gate_passed("rag", BlendConfig(first_k=16, ratio=0.0), "float32")
+    assert not gate_passed("rag", BlendConfig(first_k=16, query_ratio=0.4), "float32")
+    assert not gate_passed("documents", DEFAULT_BLEND, "float32")

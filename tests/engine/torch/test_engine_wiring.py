@@ -81,6 +81,34 @@ def test_segment_method_sets_the_documents_method_and_keeps_context_shifts() -> 
         engine.close()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_rag_default_follows_the_gate_of_the_served_dtype(dtype: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from suffixmem.conversation.manager import ConversationManager, ManagerConfig
+    from suffixmem.engine.reuse.blend import DEFAULT_BLEND, gate_passed
+
+    engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, dtype=dtype)
+    try:
+        passes = engine.reuse_passes_gate("rag")
+        assert passes == gate_passed("rag", DEFAULT_BLEND, dtype) == (dtype == "float32")
+        assert not engine.reuse_passes_gate("documents")
+        # None (the default) asks the engine; the caller's choice wins
+        for given, want in ((None, passes), (True, True), (False, False)):
+            mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'm.db'}",
+                                      ManagerConfig(rag_reuse=given))
+            try:
+                assert mgr.rag_reuse is want
+            finally:
+                mgr.close()
+    finally:
+        engine.close()
+    plain = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, dtype=dtype,
+                          context_shift=False, segment_reuse=False)
+    try:  # no approximate reuse: nothing passes
+        assert not plain.reuse_passes_gate("rag")
+    finally:
+        plain.close()
+
+
 def test_the_driver_thread_loads_and_runs_the_model() -> None:
     # libgomp keeps an OpenMP pool per thread running parallel work: a model loaded in the
     # constructing thread and run in the driver thread gave two pools and halved decode speed
