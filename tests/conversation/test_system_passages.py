@@ -3,7 +3,7 @@
 manager (``exact=False``) on the torch engine with segment reuse serves a passage another
 session's prompt computed (``public-prefix`` scope), at its new position; an exact manager's
 first turn never does. By default (``rag_reuse``, where the engine's method passed the rag
-gate in its dtype: fp32 here) a rewritten history whose system prompt carries passages is
+gate in its dtype) a rewritten history whose system prompt carries passages is
 reused within its session (``session`` scope), and never across sessions.
 Real model."""
 
@@ -67,8 +67,8 @@ def engine(model_path: Path) -> Iterator[Recorder]:
 def private_engine(model_path: Path) -> Iterator[Recorder]:
     from suffixmem.engine import create_engine
 
-    # the defaults, in fp32: the dtype in which the default method passed the rag gate (in
-    # bf16 the manager keeps these turns exact by default; test_engine_wiring)
+    # the defaults, in fp32 (whose default method, k16-p0.2, the assertions below name; in
+    # bf16 the default is k16-q0.4: blend.default_blend)
     eng = create_engine("torch", max_model_len=2048, kv_cache_gib=0.25, dtype="float32")
     yield Recorder(eng)
     eng.close()
@@ -114,8 +114,9 @@ def test_a_passage_another_session_computed_is_reused_only_when_approximate(
         # recomputed first ones of each (the blend's first_k) and the share the question
         # reads most (its query_ratio)
         reused = second.result.reused_segment_tokens
-        rest = sum(len(s) for s in marked[1:]) - 2 * DEFAULT_BLEND.first_k
-        assert reused == rest - round(DEFAULT_BLEND.query_ratio * rest) > 0
+        blend = engine.inner.reuse.blend  # the method of the dtype served (blend.default_blend)
+        rest = sum(len(s) for s in marked[1:]) - 2 * blend.first_k
+        assert reused == rest - round(blend.query_ratio * rest) > 0
         assert second.cached_tokens >= reused
         assert second.text.strip()
         first = exact.complete("e2", [Message("system", system(3, 2, 0)),

@@ -137,9 +137,10 @@ class BlendConfig:
 
 
 DEFAULT_BLEND = BlendConfig(first_k=16, query_ratio=0.2, query_patch=True)
-"""The segment-reuse hook's method when none is given (``k16-p0.2``: the first 16 tokens of
-each segment, then the fifth of the reused tokens the question attends to most, patched in;
-docs/segment-reuse.md). The cheapest measured method that passes issue 14's gate anywhere:
+"""The segment-reuse method in fp32 and the hook's fallback (``k16-p0.2``: the first 16 tokens
+of each segment, then the fifth of the reused tokens the question attends to most, patched in;
+docs/segment-reuse.md; the torch engine picks by dtype, ``default_blend``). The cheapest
+measured method that passes issue 14's gate anywhere:
 on the rag workload's 59 reuse events in fp32 (task 57 of 59, top-1 0.995, free-running 0.91)
 at 0.44 of a full prefill's work. In bf16 it misses the task check there (50 of 59, 0.85; the
 control, every reused token recomputed, 0.97), and on documents cached on their own in both
@@ -159,6 +160,21 @@ on that class's real reuse events (``bench segments --events CLASS``: top-1 >= 0
 where its pair is listed (``gate_passed``); a pair never measured counts as failed. Only the
 classes the manager decides by it are here (``ManagerConfig.rag_reuse``); documents have no
 default-on pair (docs/segment-reuse.md "Defaults")."""
+
+
+DTYPE_BLENDS: dict[str, BlendConfig] = {
+    "float32": DEFAULT_BLEND,
+    "bfloat16": BlendConfig(first_k=16, query_ratio=0.4),
+}
+"""The hook's method when none is given, by the dtype the model serves: the cheapest measured
+method whose rag gate passed in that dtype (``GATE_PASSED``): ``k16-p0.2`` in fp32,
+``k16-q0.4`` in bf16, where ``k16-p0.2`` misses the task check. Other dtypes (fp16 on CUDA,
+never measured) get ``DEFAULT_BLEND``, whose gate counts as failed there."""
+
+
+def default_blend(dtype: str) -> BlendConfig:
+    """The segment-reuse method for a model served in ``dtype`` (``DTYPE_BLENDS``)."""
+    return DTYPE_BLENDS.get(dtype, DEFAULT_BLEND)
 
 
 def gate_passed(workload: str, blend: BlendConfig, dtype: str) -> bool:

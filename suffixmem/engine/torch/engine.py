@@ -129,15 +129,17 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                                        config.enable_prefix_caching)
             self.reuse: ReuseHook | None = None
             if config.segment_reuse or config.context_shift:
-                from suffixmem.engine.reuse.blend import BlendConfig
+                from suffixmem.engine.reuse.blend import BlendConfig, default_blend
                 from suffixmem.engine.reuse.context_shift import SHIFT_BLEND, ContextShift
                 from suffixmem.engine.reuse.hook import SegmentReuseHook
 
                 method = config.segment_method
                 hook = SegmentReuseHook.install(
-                    self, blend=BlendConfig.parse(method) if method else None,
-                    # a chosen document method leaves context shift's own (measured) one
-                    shift=ContextShift(blend=SHIFT_BLEND) if method else None,
+                    # the method chosen, else the one whose gate passed in this dtype
+                    self, blend=BlendConfig.parse(method) if method
+                    else default_blend(config.dtype),
+                    # the document method leaves context shift its own (measured) one
+                    shift=ContextShift(blend=SHIFT_BLEND),
                     documents=config.segment_reuse, context_shift=config.context_shift)
                 if config.segment_reuse:  # its cached segments give way to live requests
                     self.scheduler.reclaim = hook.cache.evict

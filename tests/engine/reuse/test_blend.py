@@ -11,6 +11,7 @@ from suffixmem.engine.reuse.blend import (
     DEFAULT_BLEND,
     BlendConfig,
     combine_deviations,
+    default_blend,
     gate_passed,
     kv_deviation,
     select_attended,
@@ -139,3 +140,13 @@ def test_a_class_is_on_by_default_only_where_its_method_passed_in_that_dtype() -
     assert not gate_passed("rag", BlendConfig(first_k=16, ratio=0.0), "float32")
     assert not gate_passed("rag", BlendConfig(first_k=16, query_ratio=0.4), "float32")
     assert not gate_passed("documents", DEFAULT_BLEND, "float32")
+
+
+def test_the_default_method_is_the_one_whose_gate_passed_in_the_served_dtype() -> None:
+    assert default_blend("float32") == DEFAULT_BLEND
+    assert default_blend("bfloat16").label() == "k16-q0.4"
+    for dtype in ("float32", "bfloat16"):
+        assert gate_passed("rag", default_blend(dtype), dtype)
+    # a dtype never measured: the fallback, and no gate passed
+    assert default_blend("float16") == DEFAULT_BLEND
+    assert not gate_passed("rag", default_blend("float16"), "float16")

@@ -82,15 +82,16 @@ def test_segment_method_sets_the_documents_method_and_keeps_context_shifts() -> 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_rag_default_follows_the_gate_of_the_served_dtype(dtype: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_rag_default_follows_the_gate_of_the_method_and_dtype(dtype: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from suffixmem.conversation.manager import ConversationManager, ManagerConfig
-    from suffixmem.engine.reuse.blend import DEFAULT_BLEND, gate_passed
+    from suffixmem.engine.reuse.blend import default_blend
 
     engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, dtype=dtype)
     try:
+        # the default method is the one whose rag gate passed in this dtype
+        assert engine.reuse.blend == default_blend(dtype)
         passes = engine.reuse_passes_gate("rag")
-        assert passes == gate_passed("rag", DEFAULT_BLEND, dtype) == (dtype == "float32")
-        assert not engine.reuse_passes_gate("documents")
+        assert passes and not engine.reuse_passes_gate("documents")
         # None (the default) asks the engine; the caller's choice wins
         for given, want in ((None, passes), (True, True), (False, False)):
             mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'm.db'}",
@@ -107,6 +108,17 @@ def test_the_rag_default_follows_the_gate_of_the_served_dtype(dtype: str, tmp_pa
         assert not plain.reuse_passes_gate("rag")
     finally:
         plain.close()
+    fast = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, dtype=dtype,
+                         segment_method="k16")
+    try:  # a method chosen for speed whose gate missed: the manager keeps rag turns exact
+        assert not fast.reuse_passes_gate("rag")
+        mgr = ConversationManager(fast, f"sqlite:///{tmp_path / 'f.db'}")
+        try:
+            assert not mgr.rag_reuse
+        finally:
+            mgr.close()
+    finally:
+        fast.close()
 
 
 def test_the_driver_thread_loads_and_runs_the_model() -> None:
