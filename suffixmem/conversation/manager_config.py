@@ -49,9 +49,10 @@ class ManagerConfig:
       their new positions (torch engine with ``segment_reuse``). None (default): on exactly
       where the engine's method passed ``bench segments``' gate on the rag workload's reuse
       events in the dtype it serves (``Engine.reuse_passes_gate("rag")``): the torch engine's
-      default ``k16-p0.2`` in fp32 (CPUs without AVX-512 BF16), not in bf16, where it missed
-      the task check (docs/segment-reuse.md "Defaults"); never on the vLLM engine, which has no
-      approximate reuse. True sends such turns approximate anyway, False keeps them exact.
+      default method does in both dtypes (``k16-p0.2`` in fp32, ``k16-q0.4`` in bf16); a method
+      chosen for speed whose gate missed (``segment_method="k16"``) keeps such turns exact
+      (docs/segment-reuse.md "Defaults"); never on the vLLM engine, which has no approximate
+      reuse. True sends such turns approximate anyway, False keeps them exact.
     - ``context_shift``: when the layout (or, through ``complete``, the application's own
       sliding window) drops a session's old turns, the engine may reuse the kept turns' KV at
       their new positions (the torch engine's context shift; vLLM ignores it): turns go to the
