@@ -150,8 +150,10 @@ of the speed. ``k16`` (the default before) computes a quarter of a prefill and m
 check on both (0.79-0.83 and 0.71); ``EngineConfig(segment_method="k16")`` picks it for speed."""
 
 GATE_PASSED: dict[str, frozenset[tuple[str, str]]] = {
-    # results/segments-rag-events-avx2-fp32-8527c13.json (k16-p0.2, fp32, 57 of 59);
-    # results/segments-rag-events-amd-slow-ec8c679.json (k16-q0.4, bf16, 0.93)
+    # k16-p0.2 fp32: results/segments-rag-events-avx2-fp32-8527c13.json (57 of 59); bf16:
+    #   results/segments-rag-events-avx512-bf16-c5355f2.json (50 of 59, missed, not listed)
+    # k16-q0.4 bf16: results/segments-rag-events-avx512-bf16-q04-1796beb.json (55 of 59) and
+    #   results/segments-rag-events-amd-slow-ec8c679.json (0.93)
     "rag": frozenset({("k16-p0.2", "float32"), ("k16-q0.4", "bfloat16")}),
 }
 """Workload class -> the (method label, serving dtype) pairs whose issue-14 quality gate passed
