@@ -140,11 +140,11 @@ DEFAULT_BLEND = BlendConfig(first_k=16, query_ratio=0.2, query_patch=True)
 """The segment-reuse method in fp32 and the hook's fallback (``k16-p0.2``: the first 16 tokens
 of each segment, then the fifth of the reused tokens the question attends to most, patched in;
 docs/segment-reuse.md; the torch engine picks by dtype, ``default_blend``). The cheapest
-measured method that passes issue 14's gate anywhere:
-on the rag workload's 59 reuse events in fp32 (task 57 of 59, top-1 0.995, free-running 0.91)
-at 0.44 of a full prefill's work. In bf16 it misses the task check there (50 of 59, 0.85; the
-control, every reused token recomputed, 0.97), and on documents cached on their own in both
-dtypes (0.75 fp32, 0.79 bf16); ``GATE_PASSED`` says where it may be on by default.
+measured method that passes issue 14's gate anywhere: on the rag workload's 59 reuse events
+in fp32 (task 57 of 59, top-1 0.995, free-running 0.91) at 0.44 of a full prefill's work.
+In bf16 it misses the task check there (50 of 59, 0.85; the control, every reused token
+recomputed, 0.97), and on documents cached on their own in both dtypes (0.75 fp32, 0.79
+bf16); ``GATE_PASSED`` says where it may be on by default.
 ``k16-q0.4`` passes both in bf16 (0.93, 0.92) at 0.61-0.67 of a prefill, which leaves little
 of the speed. ``k16`` (the default before) computes a quarter of a prefill and misses the task
 check on both (0.79-0.83 and 0.71); ``EngineConfig(segment_method="k16")`` picks it for speed."""
