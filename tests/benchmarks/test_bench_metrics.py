@@ -20,6 +20,7 @@ from suffixmem_bench.chat.metrics import (
     percentile,
     summarize,
 )
+from suffixmem_bench.chat.report import markdown_table
 
 
 @settings(max_examples=200, deadline=None)
@@ -215,6 +216,28 @@ def test_merge_repeats_takes_medians_and_spreads() -> None:
     assert m["repeats"] == 3 and m["by_turn"] == {"turn": [2]}  # the median run's curves
     failed = {"status": "error", "reason": "boom"}
     assert merge_repeats([runs[0], failed, runs[1]]) is failed
+
+
+def test_ratio_spread_pairs_each_round_with_the_baselines_same_round() -> None:
+    # both configurations slowed down together in round 2: the figures' own spreads are wide,
+    # the per-round ratio barely moves
+    ours = merge_repeats([_ok(output_tok_s=x) for x in (50.0, 40.0, 60.0)])
+    base = merge_repeats([_ok(output_tok_s=x) for x in (52.0, 44.0, 61.0)])
+    configs = {"vllm_direct": base, "suffixmem_vllm": ours}
+    add_ratios(configs, "vllm_direct")
+    lo, hi = ours["spread"]["output_tok_vs_vllm_direct"]
+    assert (lo, hi) == (pytest.approx(40 / 44), pytest.approx(60 / 61))
+    assert ours["output_tok_vs_vllm_direct"] == pytest.approx(50 / 52)  # medians' ratio
+    assert base["spread"]["output_tok_vs_vllm_direct"] == [1.0, 1.0]
+    table = markdown_table({"configs": configs})
+    assert "50.0 [40.0–60.0] (0.96× direct [0.91–0.98])" in table
+    assert "52.0 [44.0–61.0] (1.00× direct)" in table  # a span that rounds to one value: none
+    # a round whose figure was not finite leaves the rounds unpaired: no ratio spread
+    holed = merge_repeats([_ok(output_tok_s=x) for x in (50.0, math.nan, 60.0)])
+    configs = {"vllm_direct": base, "suffixmem_vllm": holed}
+    add_ratios(configs, "vllm_direct")
+    assert "output_tok_vs_vllm_direct" not in holed["spread"]
+    assert holed["output_tok_vs_vllm_direct"] == pytest.approx(55 / 52)
 
 
 def test_issue19_targets_against_the_same_isolation() -> None:

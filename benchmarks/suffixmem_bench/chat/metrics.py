@@ -176,7 +176,10 @@ def by_turn(records: Sequence[TurnRecord]) -> dict[str, list[float]]:
 
 def add_ratios(configs: dict[str, dict[str, Any]], baseline: str = "naive") -> None:
     """Add ``<key>_vs_<baseline>`` (this figure over the baseline's) to every measured
-    configuration."""
+    configuration, and, for merged repeats, ``spread["<key>_vs_<baseline>"] = [min, max]`` of
+    the per-round ratios: round i of one configuration over round i of the baseline, which ran
+    beside it in the alternation. A ratio's own spread is what a reader compares with a target;
+    the two figures' separate spreads overstate it when both move with the machine."""
     base = configs.get(baseline)
     if not base or base.get("status") != "ok":
         return
@@ -186,7 +189,23 @@ def add_ratios(configs: dict[str, dict[str, Any]], baseline: str = "naive") -> N
         for key in RATIO_KEYS:
             a, b = figures.get(key), base.get(key)
             if isinstance(a, int | float) and isinstance(b, int | float):
-                figures[f"{key.removesuffix('_s')}_vs_{baseline}"] = _div(a, b)
+                name = f"{key.removesuffix('_s')}_vs_{baseline}"
+                figures[name] = _div(a, b)
+                rounds = _round_ratios(figures, base, key)
+                if rounds:
+                    figures.setdefault("spread", {})[name] = [min(rounds), max(rounds)]
+
+
+def _round_ratios(figures: dict[str, Any], base: dict[str, Any], key: str) -> list[float]:
+    """Per-round ratios of ``key``, or [] where the rounds cannot be paired: a round whose
+    figure was not finite is missing from ``runs``, so the lists align only when both kept
+    every round."""
+    xs, ys = (figures.get("runs") or {}).get(key), (base.get("runs") or {}).get(key)
+    n = figures.get("repeats")
+    if not xs or not ys or not n or not len(xs) == len(ys) == n == base.get("repeats"):
+        return []
+    ratios = [_div(x, y) for x, y in zip(xs, ys, strict=True)]
+    return ratios if all(math.isfinite(r) for r in ratios) else []
 
 
 def _finite(x: Any) -> bool:

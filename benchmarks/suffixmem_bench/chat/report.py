@@ -63,9 +63,13 @@ def _with_ratio(fig: dict[str, Any], key: str, scale: float, fmt: str) -> str:
         cell += f" [{_num(spread[0] * scale, fmt)}–{_num(spread[1] * scale, fmt)}]"
     ratios = []
     for base, label in HEADLINE:
-        ratio = fig.get(f"{key.removesuffix('_s')}_vs_{base}")
+        name = f"{key.removesuffix('_s')}_vs_{base}"
+        ratio = fig.get(name)
         if isinstance(ratio, int | float) and math.isfinite(ratio):
-            ratios.append(f"{ratio:.2f}× {label}")
+            rounds = (fig.get("spread") or {}).get(name)
+            span = (f" [{rounds[0]:.2f}–{rounds[1]:.2f}]"
+                    if rounds and f"{rounds[0]:.2f}" != f"{rounds[1]:.2f}" else "")
+            ratios.append(f"{ratio:.2f}× {label}{span}")
     if ratios and cell != "–":
         cell += f" ({', '.join(ratios)})"
     return cell
