@@ -174,6 +174,12 @@ def by_turn(records: Sequence[TurnRecord]) -> dict[str, list[float]]:
     return out
 
 
+def ratio_name(key: str, baseline: str) -> str:
+    """The figure ``add_ratios`` writes for ``key`` over ``baseline``'s (``ttft_p50_s`` ->
+    ``ttft_p50_vs_vllm_direct``); its per-round spread sits under the same name in ``spread``."""
+    return f"{key.removesuffix('_s')}_vs_{baseline}"
+
+
 def add_ratios(configs: dict[str, dict[str, Any]], baseline: str = "naive") -> None:
     """Add ``<key>_vs_<baseline>`` (this figure over the baseline's) to every measured
     configuration, and, for merged repeats, ``spread["<key>_vs_<baseline>"] = [min, max]`` of
@@ -189,7 +195,7 @@ def add_ratios(configs: dict[str, dict[str, Any]], baseline: str = "naive") -> N
         for key in RATIO_KEYS:
             a, b = figures.get(key), base.get(key)
             if isinstance(a, int | float) and isinstance(b, int | float):
-                name = f"{key.removesuffix('_s')}_vs_{baseline}"
+                name = ratio_name(key, baseline)
                 figures[name] = _div(a, b)
                 rounds = _round_ratios(figures, base, key)
                 if rounds:

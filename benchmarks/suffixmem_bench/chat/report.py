@@ -16,6 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from suffixmem_bench.chat.metrics import ratio_name
+
 PLOT_FILES = ("ttft_by_turn.png", "hit_rate_by_turn.png")
 
 
@@ -63,7 +65,7 @@ def _with_ratio(fig: dict[str, Any], key: str, scale: float, fmt: str) -> str:
         cell += f" [{_num(spread[0] * scale, fmt)}–{_num(spread[1] * scale, fmt)}]"
     ratios = []
     for base, label in HEADLINE:
-        name = f"{key.removesuffix('_s')}_vs_{base}"
+        name = ratio_name(key, base)
         ratio = fig.get(name)
         if isinstance(ratio, int | float) and math.isfinite(ratio):
             rounds = (fig.get("spread") or {}).get(name)
