@@ -20,9 +20,10 @@ def _workload(sessions: int = 1, turns: int = 2) -> Workload:
 
 
 def _rec(arm: str, rnd: int, turn: int, ttft: float, first: bool, prompt: int = 100,
-         overhead: float | None = None) -> dict:
+         overhead: float | None = None, busy: float | None = None) -> dict:
     return {"arm": arm, "round": rnd, "session": 0, "turn": turn, "first": first,
             "ttft_ms": ttft, "latency_ms": ttft + 100, "pre_engine_ms": 1.0,
+            "busy_ms": ttft + 100 if busy is None else busy,
             "engine_ttft_ms": ttft - 2,
             "prompt_tokens": prompt, "cached_tokens": 64, "output_tokens": 4,
             "manager_overhead_ms": overhead}
@@ -56,6 +57,30 @@ def test_summary_pairs_each_turn_with_the_other_arms_same_turn() -> None:
     assert report["arms"]["stock"]["ttft_p50_from_turn8_ms"]["median"] == 100.0
     slower = [dict(x, ttft_ms=104.0) if x["arm"] == "suffixmem" else x for x in records]
     assert summarize(slower, _workload(), 3, late_turn=2)["target"]["pass"] is False
+
+
+def test_throughput_counts_each_arms_busy_time_per_round_and_pooled() -> None:
+    records = []
+    # 4 output tokens a turn; stock busy 200 ms a turn (20 tok/s); suffixmem 200 ms in rounds
+    # 0 and 1, 250 ms in round 2 (its flush or waves took longer)
+    for r in range(3):
+        for t in (1, 2):
+            records.append(_rec("stock", r, t, 100.0, True, busy=200.0))
+            records.append(_rec("suffixmem", r, t, 100.0, False,
+                                busy=250.0 if r == 2 else 200.0))
+    report = summarize(records, _workload(), 3, late_turn=2, concurrent=True)
+    assert report["workload"]["mode"] == "concurrent"
+    assert report["arms"]["stock"]["output_tok_s"]["runs"] == pytest.approx([20.0] * 3)
+    assert report["arms"]["suffixmem"]["output_tok_s"]["runs"] == pytest.approx([20, 20, 16])
+    assert report["arms"]["suffixmem"]["output_tokens"] == 24
+    paired = report["paired"]
+    assert paired["throughput_round_ratios"] == pytest.approx([1.0, 1.0, 0.8])
+    # pooled: 24 tokens in 1,300 ms against 24 in 1,200 ms
+    assert paired["throughput_ratio"] == pytest.approx(1200 / 1300)
+    target = report["throughput_target"]
+    assert target["limit"] == 0.97 and target["pass"] is False
+    faster = [dict(x, busy_ms=200.0) for x in records]
+    assert summarize(faster, _workload(), 3, late_turn=2)["throughput_target"]["pass"] is True
 
 
 def test_summary_without_late_turns_reports_nan_not_a_pass() -> None:
@@ -108,3 +133,49 @@ def test_tiny_paired_run_on_one_engine(vllm_engine: Any) -> None:
     assert report["same_prompts"] == 1.0  # a plain chat: both layouts send the same prompt
     assert report["paired"]["turns"] == repeats * sessions * 2
     assert math.isfinite(report["paired"]["ttft_ratio_p50"])
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_tiny_concurrent_paired_run_sends_each_arms_sessions_at_once(vllm_engine: Any) -> None:
+    import threading
+
+    from suffixmem.config import DEFAULT_MODEL
+    from suffixmem_bench.chat.peers import EngineOptions
+
+    sessions, turns, repeats = 2, 2, 3
+    workload = Workload(
+        name="default", system_prompt="You answer in one short sentence. " * 8,
+        sessions=[["What is a cat?", "And a dog?"], ["Name a colour.", "Another one?"]],
+        max_tokens=3)
+    callers: list[str] = []
+    stream = vllm_engine.stream
+
+    def noting(request: Any) -> Any:  # which thread sent each request
+        callers.append(threading.current_thread().name)
+        return stream(request)
+
+    vllm_engine.stream = noting
+    try:
+        report, records = run_paired(workload, EngineOptions(model=DEFAULT_MODEL, max_tokens=3),
+                                     repeats, late_turn=2, engine=vllm_engine, concurrent=True)
+    finally:
+        del vllm_engine.stream
+    assert len(records) == 2 * repeats * sessions * turns
+    assert report["workload"]["mode"] == "concurrent"
+    # the requests came from the wave pool's threads (one per session), never the caller's
+    assert len(callers) == len(records)
+    assert len(set(callers)) == sessions and threading.current_thread().name not in callers
+    for r in range(repeats):
+        for t in (1, 2):
+            wave = [x for x in records if x["round"] == r and x["turn"] == t]
+            for arm in ("stock", "suffixmem"):
+                mine = [x for x in wave if x["arm"] == arm]
+                assert len({x["first"] for x in mine}) == 1  # a wave is one arm's
+                assert len({x["busy_ms"] for x in mine}) == 1  # its time split evenly
+                assert all(0 < x["pre_engine_ms"] < x["ttft_ms"] for x in mine)
+    for arm in ("stock", "suffixmem"):
+        assert report["arms"][arm]["output_tokens"] == repeats * sessions * turns * 3
+        assert len(report["arms"][arm]["output_tok_s"]["runs"]) == repeats
+    assert math.isfinite(report["paired"]["throughput_ratio"])
+    assert report["same_prompts"] == 1.0

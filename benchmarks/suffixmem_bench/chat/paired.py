@@ -20,23 +20,38 @@ it never lands in the stock arm's turn (``bench chat`` shows what it costs the m
 next turn). Each round opens new sessions under new salts, so no round reuses an earlier one's
 blocks and no arm the other's.
 
+``concurrent``: every session's turn t at once (one thread per session), as ``bench chat
+--concurrent`` sends them, in waves: arm A's wave of turn t, then arm B's, the first arm
+alternating by turn and round. A wave ends when its last reply has ended and (suffixmem) its
+manager's queued work is flushed.
+
+Throughput counts all the work an arm causes: an arm's ``busy`` time is its turns' latency plus
+the suffixmem manager's flush after them (sequential), or its waves' wall time, flush included
+(concurrent, split evenly over the wave's turns); ``output_tok_s`` is its output tokens over its
+busy time, per round.
+
 Report (JSON): per arm ``ttft_p50_ms`` and ``ttft_p50_from_turn8_ms`` (median with min-max over
-rounds), ``pre_engine_ms_p50`` (the call to the moment the engine gets the request: the stock
-arm's template rendering and tokenization, the manager's read, plan and checks),
-``engine_ttft_ms_p50`` (the engine's own clock, from its stream's start to the first token),
-``latency_p50_ms``, ``prompt_tokens`` and ``cached_tokens``; for suffixmem also
-``manager_overhead_ms`` p50/p99. ``paired``: over turns from turn 8, the median of suffixmem's
-TTFT over stock's on the same turn (``ttft_ratio_p50``) and of their difference, each also by
-which arm went first, and the ratio of the two arms' TTFT p50 per round; ``target``: issue 19's
-1.03x on ``ttft_ratio_p50``. ``same_prompts``: the share of turns whose prompts had the same
-length in both arms (the layouts agree on a plain chat). Plus ``RunContext``'s fields.
+rounds), ``output_tok_s`` (the same), ``pre_engine_ms_p50`` (the call to the moment the engine
+gets the request: the stock arm's template rendering and tokenization, the manager's read, plan
+and checks), ``engine_ttft_ms_p50`` (the engine's own clock, from its stream's start to the
+first token), ``latency_p50_ms``, ``prompt_tokens``, ``cached_tokens`` and ``output_tokens``;
+for suffixmem also ``manager_overhead_ms`` p50/p99. ``paired``: over turns from turn 8, the
+median of suffixmem's TTFT over stock's on the same turn (``ttft_ratio_p50``) and of their
+difference, each also by which arm went first, and the ratio of the two arms' TTFT p50 per
+round; ``throughput_ratio``: suffixmem's output tokens/s over stock's, all rounds pooled, with
+``throughput_round_ratios``. ``target``: issue 19's 1.03x on ``ttft_ratio_p50``;
+``throughput_target``: its 0.97x on ``throughput_ratio``. ``same_prompts``: the share of turns
+whose prompts had the same length in both arms (the layouts agree on a plain chat). Plus
+``RunContext``'s fields.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from suffixmem_bench.chat.metrics import percentile
@@ -53,6 +68,7 @@ from suffixmem_bench.measure import check_repeats, spread
 ARMS: tuple[str, ...] = ("stock", "suffixmem")
 LATE_TURN = 8  # issue 19's figure: TTFT from turn 8 on (1-based), once histories are long
 TARGET = 1.03
+THROUGHPUT_TARGET = 0.97
 
 
 def _median(values: Sequence[float]) -> float:
@@ -60,22 +76,29 @@ def _median(values: Sequence[float]) -> float:
 
 
 class _EntryClock:
-    """Notes when each request reaches the engine (``remove()`` takes the wrapper back)."""
+    """Notes when each request reaches the engine, per calling thread (concurrent waves call
+    from several); ``remove()`` takes the wrapper back."""
 
     def __init__(self, engine: Any) -> None:
-        self.at = 0.0
+        self._local = threading.local()
         self.remove = wrap_stream(engine, self._stamp)
 
+    @property
+    def at(self) -> float:
+        return float(getattr(self._local, "at", 0.0))
+
     def _stamp(self, _request: Any) -> None:
-        self.at = time.perf_counter()
+        self._local.at = time.perf_counter()
 
 
 def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
                progress: Callable[[int, int], None] | None = None, late_turn: int = LATE_TURN,
-               engine: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run ``workload`` (round robin) in both arms on one vLLM engine for ``repeats`` rounds;
-    returns (the report without ``RunContext`` fields, one record per arm and turn).
-    ``progress(done, total)`` is called after each turn pair; ``late_turn``: see
+               engine: Any = None, concurrent: bool = False,
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run ``workload`` in both arms on one vLLM engine for ``repeats`` rounds, turn by turn
+    (round robin) or in concurrent waves (``concurrent``; module docstring); returns (the report
+    without ``RunContext`` fields, one record per arm and turn). ``progress(done, total)`` is
+    called after each turn pair (each wave pair when concurrent); ``late_turn``: see
     ``summarize``. ``engine``: a ``VLLMEngine`` to run on (left open) instead of one built from
     ``options``."""
     from suffixmem.engine import create_engine
@@ -87,8 +110,8 @@ def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
         engine = create_engine("vllm", model=options.model, max_model_len=options.max_model_len,
                                kv_cache_gib=options.kv_cache_gib, **vllm_pool_extra(options))
     clock = _EntryClock(engine)
-    order = schedule(workload)
     records: list[dict[str, Any]] = []
+    pool = ThreadPoolExecutor(max_workers=workload.num_sessions) if concurrent else None
     try:
         for r in range(repeats):
             arms: dict[str, Any] = {
@@ -102,32 +125,81 @@ def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
                 for s in range(workload.num_sessions):
                     for arm in arms.values():
                         arm.open(s, workload.system_prompt_of(s))
-                for i, (s, t) in enumerate(order):
-                    turn_order = ARMS if (i + r) % 2 == 0 else ARMS[::-1]
-                    for name in turn_order:
-                        t0 = time.perf_counter()
-                        out: TurnOutcome = arms[name].turn(s, workload.sessions[s][t])
-                        records.append(_record(name, r, s, t, turn_order[0] == name, out,
-                                               (clock.at - t0) * 1000))
-                        if name == "suffixmem":
-                            arms[name].manager.flush()  # untimed (module docstring)
-                    if progress is not None:
-                        progress(r * len(order) + i + 1, repeats * len(order))
+                if pool is None:
+                    _sequential(arms, workload, r, clock, records, progress, repeats)
+                else:
+                    _waves(arms, workload, r, clock, records, progress, repeats, pool)
             finally:
                 for arm in arms.values():
                     arm.close()
     finally:
+        if pool is not None:
+            pool.shutdown()
         clock.remove()
         if owned:
             engine.close()
-    return summarize(records, workload, repeats, late_turn), records
+    return summarize(records, workload, repeats, late_turn, concurrent), records
+
+
+def _flush_ms(arm: Any) -> float:
+    """Flush the suffixmem arm's queued bookkeeping (commit, topic update) so that it never
+    lands in the other arm's turn; its time (0 for stock) counts as the arm's busy time."""
+    manager = getattr(arm, "manager", None)
+    if manager is None:
+        return 0.0
+    t0 = time.perf_counter()
+    manager.flush()
+    return (time.perf_counter() - t0) * 1000
+
+
+def _sequential(arms: dict[str, Any], workload: Workload, r: int, clock: _EntryClock,
+                records: list[dict[str, Any]], progress: Callable[[int, int], None] | None,
+                repeats: int) -> None:
+    """Round ``r``: every (session, turn) in both arms back to back, alternating the first."""
+    order = schedule(workload)
+    for i, (s, t) in enumerate(order):
+        turn_order = ARMS if (i + r) % 2 == 0 else ARMS[::-1]
+        for name in turn_order:
+            t0 = time.perf_counter()
+            out: TurnOutcome = arms[name].turn(s, workload.sessions[s][t])
+            pre_ms = (clock.at - t0) * 1000
+            busy = out.latency_s * 1000 + _flush_ms(arms[name])
+            records.append(_record(name, r, s, t, turn_order[0] == name, out, pre_ms, busy))
+        if progress is not None:
+            progress(r * len(order) + i + 1, repeats * len(order))
+
+
+def _waves(arms: dict[str, Any], workload: Workload, r: int, clock: _EntryClock,
+           records: list[dict[str, Any]], progress: Callable[[int, int], None] | None,
+           repeats: int, pool: ThreadPoolExecutor) -> None:
+    """Round ``r``: per turn, every session's turn at once in one arm, then in the other."""
+    sessions = range(workload.num_sessions)
+
+    def one(arm: Any, s: int, t: int) -> tuple[TurnOutcome, float]:
+        t0 = time.perf_counter()
+        out = arm.turn(s, workload.sessions[s][t])
+        return out, (clock.at - t0) * 1000
+
+    for t in range(workload.num_turns):
+        turn_order = ARMS if (t + r) % 2 == 0 else ARMS[::-1]
+        for name in turn_order:
+            t0 = time.perf_counter()
+            futures = [pool.submit(one, arms[name], s, t) for s in sessions]
+            outs = [f.result() for f in futures]  # re-raises a turn's error here
+            _flush_ms(arms[name])
+            busy = (time.perf_counter() - t0) * 1000 / len(outs)
+            for s, (out, pre_ms) in zip(sessions, outs, strict=True):
+                records.append(_record(name, r, s, t, turn_order[0] == name, out, pre_ms,
+                                       busy))
+        if progress is not None:
+            progress(r * workload.num_turns + t + 1, repeats * workload.num_turns)
 
 
 def _record(arm: str, rnd: int, session: int, turn: int, first: bool, out: TurnOutcome,
-            pre_ms: float) -> dict[str, Any]:
+            pre_ms: float, busy_ms: float) -> dict[str, Any]:
     return {"arm": arm, "round": rnd, "session": session, "turn": turn + 1, "first": first,
             "ttft_ms": out.ttft_s * 1000, "latency_ms": out.latency_s * 1000,
-            "pre_engine_ms": pre_ms,
+            "pre_engine_ms": pre_ms, "busy_ms": busy_ms,
             "engine_ttft_ms": (out.engine_ttft_s * 1000 if out.engine_ttft_s is not None
                                else float("nan")),
             "prompt_tokens": len(out.prompt_ids),
@@ -135,8 +207,14 @@ def _record(arm: str, rnd: int, session: int, turn: int, first: bool, out: TurnO
             "manager_overhead_ms": out.manager_overhead_ms}
 
 
+def _tok_s(records: Sequence[dict[str, Any]]) -> float:
+    """Output tokens over busy time (module docstring), per second; NaN without time."""
+    busy = sum(x["busy_ms"] for x in records)
+    return sum(x["output_tokens"] for x in records) * 1000 / busy if busy > 0 else float("nan")
+
+
 def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: int,
-              late_turn: int = LATE_TURN) -> dict[str, Any]:
+              late_turn: int = LATE_TURN, concurrent: bool = False) -> dict[str, Any]:
     """The report of ``run_paired`` from its records (module docstring); the late figures
     count turns from ``late_turn`` (1-based) on, still named ``..._from_turn8_...``."""
     arms: dict[str, Any] = {}
@@ -148,6 +226,8 @@ def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: in
             "ttft_p50_from_turn8_ms": spread([
                 _median([x["ttft_ms"] for x in rr if x["turn"] >= late_turn])
                 for rr in per_round]),
+            "output_tok_s": spread([_tok_s(rr) for rr in per_round]),
+            "output_tokens": sum(x["output_tokens"] for x in mine),
             "pre_engine_ms_p50": _median([x["pre_engine_ms"] for x in mine]),
             "engine_ttft_ms_p50": _median([x["engine_ttft_ms"] for x in mine]),
             "latency_p50_ms": _median([x["latency_ms"] for x in mine]),
@@ -177,11 +257,16 @@ def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: in
     per_round = [arms["suffixmem"]["ttft_p50_from_turn8_ms"]["runs"][r]
                  / arms["stock"]["ttft_p50_from_turn8_ms"]["runs"][r]
                  for r in range(len(arms["stock"]["ttft_p50_from_turn8_ms"]["runs"]))]
+    mine = {name: [x for x in records if x["arm"] == name] for name in ARMS}
+    throughput = _tok_s(mine["suffixmem"]) / _tok_s(mine["stock"])
+    round_tp = [_tok_s([x for x in mine["suffixmem"] if x["round"] == r])
+                / _tok_s([x for x in mine["stock"] if x["round"] == r]) for r in range(repeats)]
     return {
         "workload": {"name": workload.name, "sessions": workload.num_sessions,
                      "turns": workload.num_turns, "max_tokens": workload.max_tokens,
                      "system_tokens": workload.system_tokens, "repeats": repeats,
-                     "late_turn": late_turn},
+                     "late_turn": late_turn,
+                     "mode": "concurrent" if concurrent else "round_robin"},
         "arms": arms,
         "paired": {
             "turns": len(late),
@@ -191,10 +276,15 @@ def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: in
             "stock_first": {"turns": len(stock_first), "ttft_ratio_p50": ratio(stock_first),
                             "ttft_diff_ms_p50": diff(stock_first)},
             "round_ratios": per_round,
+            "throughput_ratio": throughput, "throughput_round_ratios": round_tp,
         },
         "target": {"what": f"suffixmem TTFT / stock vLLM's on the same turn, p50 from turn "
                            f"{late_turn}, <= {TARGET}x", "limit": TARGET, "value": value,
                    "pass": bool(value <= TARGET)},
+        "throughput_target": {
+            "what": f"suffixmem output tokens/s / stock vLLM's, >= {THROUGHPUT_TARGET}x",
+            "limit": THROUGHPUT_TARGET, "value": throughput,
+            "pass": bool(throughput >= THROUGHPUT_TARGET)},
         "same_prompts": statistics.fmean([float(st["prompt_tokens"] == ours["prompt_tokens"])
                                  for st, ours in pairs]) if pairs else float("nan"),
     }
@@ -215,6 +305,8 @@ def register(bench: Any) -> None:
         kv_cache_gib: float = typer.Option(1.0, help="KV pool (GiB) of the shared engine."),
         threads: int | None = typer.Option(None, help="CPU threads (default: all cores)."),
         repeats: int = typer.Option(3, min=3, help="Rounds (>= 3)."),
+        concurrent: bool = typer.Option(False, "--concurrent", help="Every session's turn "
+                                        "at once, in waves (one arm's, then the other's)."),
         out: str = typer.Option("results/paired", help="Folder for report.json and "
                                 "turns.jsonl."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -246,7 +338,8 @@ def register(bench: Any) -> None:
             task = bar.add_task("turns", total=repeats * sessions * turns)
             report, records = run_paired(
                 workload, options, repeats,
-                progress=lambda done, _total: bar.update(task, completed=done))
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+                concurrent=concurrent)
         report.update(ctx.fields())
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
@@ -258,14 +351,19 @@ def register(bench: Any) -> None:
         if as_json:
             print(text)
             return
-        p, t = report["paired"], report["target"]
+        p, t, tp = report["paired"], report["target"], report["throughput_target"]
         for name in ARMS:
             a = report["arms"][name]
             err.print(f"{name:9s} TTFT p50 from turn {LATE_TURN}: "
                       f"{a['ttft_p50_from_turn8_ms']['median']:.1f} ms "
                       f"[{a['ttft_p50_from_turn8_ms']['min']:.1f}-"
                       f"{a['ttft_p50_from_turn8_ms']['max']:.1f}], before the engine "
-                      f"{a['pre_engine_ms_p50']:.2f} ms")
+                      f"{a['pre_engine_ms_p50']:.2f} ms, {a['output_tok_s']['median']:.1f} "
+                      f"output tokens/s")
         err.print(f"paired: suffixmem/stock TTFT {p['ttft_ratio_p50']:.3f} "
                   f"({p['ttft_diff_ms_p50']:+.2f} ms) over {p['turns']} turns: "
                   + ("pass" if t["pass"] else "FAIL") + f" (<= {t['limit']}x)")
+        rr = p["throughput_round_ratios"]
+        err.print(f"paired: suffixmem/stock output tokens/s {p['throughput_ratio']:.3f} "
+                  f"[{min(rr):.3f}-{max(rr):.3f} by round]: "
+                  + ("pass" if tp["pass"] else "FAIL") + f" (>= {tp['limit']}x)")
