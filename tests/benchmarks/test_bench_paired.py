@@ -179,3 +179,34 @@ def test_tiny_concurrent_paired_run_sends_each_arms_sessions_at_once(vllm_engine
         assert len(report["arms"][arm]["output_tok_s"]["runs"]) == repeats
     assert math.isfinite(report["paired"]["throughput_ratio"])
     assert report["same_prompts"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_app_scope_pairs_share_within_each_arm_and_round_only(vllm_engine: Any) -> None:
+    from suffixmem.config import DEFAULT_MODEL
+    from suffixmem_bench.chat.peers import EngineOptions
+
+    repeats = 3
+    workload = Workload(
+        name="default",
+        system_prompt="You are a helpful assistant who answers every question in one short "
+                      "sentence. " * 6,
+        sessions=[["What is a cat?", "And a dog?"], ["Name a colour.", "Another one?"]],
+        max_tokens=3)
+    before = vllm_engine.isolation
+    with pytest.raises(ValueError, match="scope"):
+        run_paired(workload, EngineOptions(model=DEFAULT_MODEL, max_tokens=3), repeats,
+                   engine=vllm_engine, scope="tenant")
+    report, records = run_paired(workload, EngineOptions(model=DEFAULT_MODEL, max_tokens=3),
+                                 repeats, late_turn=2, engine=vllm_engine, scope="app")
+    assert vllm_engine.isolation == before  # the engine's own scope is put back
+    assert report["workload"]["scope"] == "app"
+    by_key = {(x["arm"], x["round"], x["session"], x["turn"]): x for x in records}
+    for arm in ("stock", "suffixmem"):
+        for r in range(repeats):
+            # a new tenant per arm and round: the round's first turn finds nothing, not even
+            # the other arm's identical prompt of a moment ago
+            assert by_key[(arm, r, 0, 1)]["cached_tokens"] == 0, (arm, r)
+            # within the arm's tenant, session 1 finds session 0's system prompt
+            assert by_key[(arm, r, 1, 1)]["cached_tokens"] > 0

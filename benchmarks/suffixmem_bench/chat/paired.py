@@ -13,12 +13,19 @@ one process:
 - ``suffixmem``: ``configs.SuffixmemChat`` (``ConversationManager`` over that engine, SQLite in
   a temporary folder, isolation ``session``: a salt per session).
 
+``scope="app"`` pairs the wider sharing instead, as issue 19 allows: ``stock`` is
+``vllm_direct`` (no salt per session: every session in one namespace) and ``suffixmem`` runs in
+isolation scope ``app`` (one salt for the tenant). The engine is built in scope ``app`` and each
+arm gets a tenant of its own per round (set on the engine before each of its turns or waves,
+one arm at a time), so the arms share nothing with each other or with an earlier round, and
+each shares everything among its own sessions.
+
 Every turn of the workload runs in both arms back to back, the first arm alternating turn by
 turn and between rounds (A/B, B/A, ...: ``measure``'s interleaving at the finest grain). After
-a suffixmem turn its manager's queued bookkeeping (commit, topic update) is flushed, untimed, so
-it never lands in the stock arm's turn (``bench chat`` shows what it costs the manager's own
-next turn). Each round opens new sessions under new salts, so no round reuses an earlier one's
-blocks and no arm the other's.
+a suffixmem turn its manager's queued bookkeeping (commit, topic update) is flushed, so it never
+lands in the stock arm's turn; the flush counts as suffixmem's busy time (below). Each round
+opens new sessions under new salts, so no round reuses an earlier one's blocks and no arm the
+other's.
 
 ``concurrent``: every session's turn t at once (one thread per session), as ``bench chat
 --concurrent`` sends them, in waves: arm A's wave of turn t, then arm B's, the first arm
@@ -66,6 +73,7 @@ from suffixmem_bench.chat.workload import Workload, schedule
 from suffixmem_bench.measure import check_repeats, spread
 
 ARMS: tuple[str, ...] = ("stock", "suffixmem")
+SCOPES: tuple[str, ...] = ("session", "app")
 LATE_TURN = 8  # issue 19's figure: TTFT from turn 8 on (1-based), once histories are long
 TARGET = 1.03
 THROUGHPUT_TARGET = 0.97
@@ -93,22 +101,34 @@ class _EntryClock:
 
 def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
                progress: Callable[[int, int], None] | None = None, late_turn: int = LATE_TURN,
-               engine: Any = None, concurrent: bool = False,
+               engine: Any = None, concurrent: bool = False, scope: str = "session",
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run ``workload`` in both arms on one vLLM engine for ``repeats`` rounds, turn by turn
     (round robin) or in concurrent waves (``concurrent``; module docstring); returns (the report
     without ``RunContext`` fields, one record per arm and turn). ``progress(done, total)`` is
     called after each turn pair (each wave pair when concurrent); ``late_turn``: see
-    ``summarize``. ``engine``: a ``VLLMEngine`` to run on (left open) instead of one built from
-    ``options``."""
+    ``summarize``. ``engine``: a ``VLLMEngine`` to run on (left open, its isolation put back)
+    instead of one built from ``options``. ``scope``: ``session`` or ``app`` (module
+    docstring)."""
     from suffixmem.engine import create_engine
+    from suffixmem.engine.isolation import IsolationPolicy
     from suffixmem_bench.chat.configs import SuffixmemChat
 
     check_repeats(repeats)
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
     owned = engine is None
     if engine is None:
         engine = create_engine("vllm", model=options.model, max_model_len=options.max_model_len,
-                               kv_cache_gib=options.kv_cache_gib, **vllm_pool_extra(options))
+                               kv_cache_gib=options.kv_cache_gib, isolation=scope,
+                               tenant="paired", **vllm_pool_extra(options))
+    isolation = engine.isolation
+
+    def enter(arm: str, rnd: int) -> None:
+        """Give ``arm`` its own tenant for round ``rnd`` (app scope; one arm runs at a time)."""
+        if scope == "app":
+            engine.isolation = IsolationPolicy("app", f"{arm}-r{rnd}")
+
     clock = _EntryClock(engine)
     records: list[dict[str, Any]] = []
     pool = ThreadPoolExecutor(max_workers=workload.num_sessions) if concurrent else None
@@ -116,7 +136,7 @@ def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
         for r in range(repeats):
             arms: dict[str, Any] = {
                 "stock": VLLMHistory(f"stock-r{r}", options, prefix_caching=True,
-                                     salted=True, engine=engine),
+                                     salted=scope == "session", engine=engine),
                 "suffixmem": SuffixmemChat("suffixmem_vllm", "vllm", options,
                                            shared_engine=engine,
                                            session_prefix=f"paired-r{r}"),
@@ -126,9 +146,9 @@ def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
                     for arm in arms.values():
                         arm.open(s, workload.system_prompt_of(s))
                 if pool is None:
-                    _sequential(arms, workload, r, clock, records, progress, repeats)
+                    _sequential(arms, workload, r, clock, records, progress, repeats, enter)
                 else:
-                    _waves(arms, workload, r, clock, records, progress, repeats, pool)
+                    _waves(arms, workload, r, clock, records, progress, repeats, pool, enter)
             finally:
                 for arm in arms.values():
                     arm.close()
@@ -136,9 +156,12 @@ def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
         if pool is not None:
             pool.shutdown()
         clock.remove()
+        engine.isolation = isolation
         if owned:
             engine.close()
-    return summarize(records, workload, repeats, late_turn, concurrent), records
+    report = summarize(records, workload, repeats, late_turn, concurrent)
+    report["workload"]["scope"] = scope
+    return report, records
 
 
 def _flush_ms(arm: Any) -> float:
@@ -154,12 +177,13 @@ def _flush_ms(arm: Any) -> float:
 
 def _sequential(arms: dict[str, Any], workload: Workload, r: int, clock: _EntryClock,
                 records: list[dict[str, Any]], progress: Callable[[int, int], None] | None,
-                repeats: int) -> None:
+                repeats: int, enter: Callable[[str, int], None]) -> None:
     """Round ``r``: every (session, turn) in both arms back to back, alternating the first."""
     order = schedule(workload)
     for i, (s, t) in enumerate(order):
         turn_order = ARMS if (i + r) % 2 == 0 else ARMS[::-1]
         for name in turn_order:
+            enter(name, r)
             t0 = time.perf_counter()
             out: TurnOutcome = arms[name].turn(s, workload.sessions[s][t])
             pre_ms = (clock.at - t0) * 1000
@@ -171,7 +195,7 @@ def _sequential(arms: dict[str, Any], workload: Workload, r: int, clock: _EntryC
 
 def _waves(arms: dict[str, Any], workload: Workload, r: int, clock: _EntryClock,
            records: list[dict[str, Any]], progress: Callable[[int, int], None] | None,
-           repeats: int, pool: ThreadPoolExecutor) -> None:
+           repeats: int, pool: ThreadPoolExecutor, enter: Callable[[str, int], None]) -> None:
     """Round ``r``: per turn, every session's turn at once in one arm, then in the other."""
     sessions = range(workload.num_sessions)
 
@@ -183,6 +207,7 @@ def _waves(arms: dict[str, Any], workload: Workload, r: int, clock: _EntryClock,
     for t in range(workload.num_turns):
         turn_order = ARMS if (t + r) % 2 == 0 else ARMS[::-1]
         for name in turn_order:
+            enter(name, r)
             t0 = time.perf_counter()
             futures = [pool.submit(one, arms[name], s, t) for s in sessions]
             outs = [f.result() for f in futures]  # re-raises a turn's error here
@@ -307,6 +332,9 @@ def register(bench: Any) -> None:
         repeats: int = typer.Option(3, min=3, help="Rounds (>= 3)."),
         concurrent: bool = typer.Option(False, "--concurrent", help="Every session's turn "
                                         "at once, in waves (one arm's, then the other's)."),
+        scope: str = typer.Option("session", help="Isolation pair: session (suffixmem's "
+                                  "default against vllm_direct_salted) or app (scope app "
+                                  "against vllm_direct)."),
         out: str = typer.Option("results/paired", help="Folder for report.json and "
                                 "turns.jsonl."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -324,6 +352,9 @@ def register(bench: Any) -> None:
         from suffixmem_bench.chat.workload import build_workload
         from suffixmem_bench.measure import RunContext, set_threads
 
+        if scope not in SCOPES:
+            raise typer.BadParameter(f"expected one of {list(SCOPES)}, got {scope!r}",
+                                     param_hint="--scope")
         model = model or DEFAULT_MODEL
         n_threads = set_threads(threads or os.cpu_count() or 1)
         options = EngineOptions(model=model, max_model_len=max_model_len,
@@ -339,7 +370,7 @@ def register(bench: Any) -> None:
             report, records = run_paired(
                 workload, options, repeats,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
-                concurrent=concurrent)
+                concurrent=concurrent, scope=scope)
         report.update(ctx.fields())
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
