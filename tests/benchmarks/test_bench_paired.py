@@ -83,6 +83,26 @@ def test_throughput_counts_each_arms_busy_time_per_round_and_pooled() -> None:
     assert summarize(faster, _workload(), 3, late_turn=2)["throughput_target"]["pass"] is True
 
 
+def test_concurrent_summary_pairs_waves_by_their_median_not_sessions() -> None:
+    records = []
+    # each wave: one session runs its step alone (50 ms), the others queue (150 ms); which one
+    # drew the first place differs between the arms, so session by session the ratios are 3x
+    # or 1/3x while the waves are alike
+    for r in range(3):
+        for arm, lucky in (("stock", 0), ("suffixmem", 1)):
+            for s in range(3):
+                x = _rec(arm, r, 2, 50.0 if s == lucky else 150.0, arm == "stock")
+                records.append(dict(x, session=s))
+    report = summarize(records, _workload(sessions=3), 3, late_turn=2, concurrent=True)
+    paired = report["paired"]
+    assert paired["unit"] == "wave" and paired["turns"] == 3  # one wave per round
+    assert paired["ttft_ratio_p50"] == pytest.approx(1.0)
+    assert paired["stock_first"]["turns"] == 3
+    per_session = summarize(records, _workload(sessions=3), 3, late_turn=2)["paired"]
+    assert per_session["unit"] == "turn" and per_session["turns"] == 9
+    assert report["same_prompts"] == 1.0  # still matched turn by turn
+
+
 def test_summary_without_late_turns_reports_nan_not_a_pass() -> None:
     records = [_rec("stock", r, 1, 100.0, True) for r in range(3)]
     records += [_rec("suffixmem", r, 1, 50.0, False) for r in range(3)]
