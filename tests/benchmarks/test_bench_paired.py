@@ -75,6 +75,8 @@ def test_throughput_counts_each_arms_busy_time_per_round_and_pooled() -> None:
     assert report["arms"]["suffixmem"]["output_tokens"] == 24
     paired = report["paired"]
     assert paired["throughput_round_ratios"] == pytest.approx([1.0, 1.0, 0.8])
+    spread = paired["round_ratio"]["output_tok_s"]
+    assert (spread["median"], spread["min"], spread["max"]) == pytest.approx((1.0, 0.8, 1.0))
     # pooled: 24 tokens in 1,300 ms against 24 in 1,200 ms
     assert paired["throughput_ratio"] == pytest.approx(1200 / 1300)
     target = report["throughput_target"]

@@ -1,0 +1,120 @@
+"""``suffixmem bench compare PUBLISHED RERUN``: does a rerun stay inside the published spreads?
+
+Issue 10's last rule: no published figure may differ from a rerun of its command by more than
+its reported spread. This command checks it for any two reports of one benchmark (the committed
+``report.json`` and a fresh one): every figure that carries a spread in the published report is
+looked up in the rerun, and the rerun's median must lie inside the published [min, max].
+
+A figure with a spread is either
+- a dict ``{"median", "min", "max", ...}`` (``measure.spread``: ``bench paired``, ``engines``,
+  ``serve`` ...), named by its path (``arms.stock.ttft_p50_from_turn8_ms``), or
+- a number next to a ``spread`` dict holding ``[min, max]`` under its key (``bench chat``'s
+  ``configs.NAME.spread``, ratios included: ``configs.NAME.output_tok_vs_vllm_direct``).
+
+A figure whose spread is a single value (every round alike: token counts, hit rates) must
+match it exactly. Report (JSON): ``figures`` (how many were compared), ``inside``, ``outside``:
+one entry per figure outside its spread with the published ``median``/``min``/``max``, the
+rerun's ``median`` and ``move`` (the rerun's median over the published one, minus 1),
+``missing`` (published figures the rerun lacks), and ``survives`` (nothing outside or missing).
+``only``: compare only figures whose name contains one of these strings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+Figure = tuple[float, float, float]  # median, min, max
+
+
+def figures(report: Any, path: str = "") -> Iterator[tuple[str, Figure]]:
+    """Every figure with a spread in ``report`` (module docstring), as (name, (median, min,
+    max)); non-finite ones are skipped."""
+    if not isinstance(report, dict):
+        return
+    if {"median", "min", "max"} <= report.keys():
+        fig = (report["median"], report["min"], report["max"])
+        if all(_finite(v) for v in fig):
+            yield path, tuple(float(v) for v in fig)  # type: ignore[misc]
+        return
+    spreads = report.get("spread")
+    if isinstance(spreads, dict):
+        for key, bounds in spreads.items():
+            value = report.get(key)
+            if (isinstance(bounds, list | tuple) and len(bounds) == 2 and _finite(value)
+                    and all(_finite(b) for b in bounds)):
+                yield _join(path, key), (float(value), float(bounds[0]), float(bounds[1]))
+    for key, value in report.items():
+        if key not in ("spread", "runs"):
+            yield from figures(value, _join(path, key))
+
+
+def compare(published: Any, rerun: Any, only: Sequence[str] = ()) -> dict[str, Any]:
+    """The check of ``rerun`` against ``published`` (module docstring)."""
+    mine = dict(figures(rerun))
+    outside: list[dict[str, Any]] = []
+    missing: list[str] = []
+    compared = 0
+    for name, (median, lo, hi) in figures(published):
+        if only and not any(s in name for s in only):
+            continue
+        if name not in mine:
+            missing.append(name)
+            continue
+        compared += 1
+        new = mine[name][0]
+        if not lo <= new <= hi:
+            outside.append({"figure": name, "median": median, "min": lo, "max": hi,
+                            "rerun": new,
+                            "move": new / median - 1 if median else math.inf})
+    return {"figures": compared, "inside": compared - len(outside), "outside": outside,
+            "missing": missing, "survives": not outside and not missing}
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def register(bench: Any) -> None:
+    """Add ``suffixmem bench compare`` to the CLI's ``bench`` group."""
+    import typer
+
+    @bench.command("compare")
+    def compare_cmd(
+        published: str = typer.Argument(..., help="The committed report.json."),
+        rerun: str = typer.Argument(..., help="A rerun's report.json of the same command."),
+        only: list[str] = typer.Option(  # noqa: B008
+            [], help="Compare only figures whose name contains this (repeatable)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Check that a rerun's figures lie inside the published report's spreads."""
+        from rich.console import Console
+
+        reports = []
+        for path in (published, rerun):
+            try:
+                reports.append(json.loads(Path(path).read_text(encoding="utf-8")))
+            except (OSError, ValueError) as e:
+                raise typer.BadParameter(f"cannot read {path}: {e}") from None
+        result = compare(*reports, only=only)
+        if as_json:
+            print(json.dumps(result, indent=2))
+        else:
+            err = Console(stderr=True)
+            for x in result["outside"]:
+                err.print(f"outside: {x['figure']}: rerun {x['rerun']:.4g} against "
+                          f"{x['median']:.4g} [{x['min']:.4g}-{x['max']:.4g}] "
+                          f"({x['move']:+.1%})")
+            for name in result["missing"]:
+                err.print(f"missing in the rerun: {name}")
+            err.print(f"{result['inside']} of {result['figures']} figures inside their "
+                      "published spread" + ("" if result["survives"] else "; does not survive"))
+        if not result["survives"]:
+            raise typer.Exit(1)
