@@ -184,3 +184,57 @@ def test_keep_db_gives_every_round_a_fresh_database(tmp_path: Path) -> None:
     second.touch()
     assert kept_database(tmp_path, "suffixmem_vllm").name == "suffixmem_vllm-3.db"
     assert kept_database(tmp_path, "suffixmem_torch").name == "suffixmem_torch.db"
+
+
+def test_step_orders_are_seeded_permutations_that_vary() -> None:
+    from suffixmem_bench.chat.child import step_order
+
+    names = ["a", "b", "c", "d", "e", "f"]
+    orders = [step_order(names, r, i) for r in range(3) for i in range(40)]
+    assert all(sorted(o) == names for o in orders)
+    assert orders == [step_order(names, r, i) for r in range(3) for i in range(40)]  # seeded
+    assert {o[0] for o in orders} == set(names)  # everyone goes first some time
+    # no configuration always follows the same one (a rotation of one order would)
+    for name in names:
+        before = {o[o.index(name) - 1] for o in orders if o.index(name) > 0}
+        assert len(before) == len(names) - 1
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["round_robin", "concurrent"])
+def test_lockstep_round_steps_every_configuration_turn_by_turn(tmp_path: Path,
+                                                               mode: str) -> None:
+    from suffixmem.config import DEFAULT_MODEL
+    from suffixmem_bench.chat.child import run_lockstep, step_order
+
+    workload = Workload(name="default", system_prompt="You are brief.",
+                        sessions=[["Hi there.", "Name a fruit."],
+                                  ["Name a colour.", "Another one?"]],
+                        max_tokens=4, mode=mode)
+    events: list[tuple[str, str]] = []
+    out = run_lockstep(("naive", "transformers"), workload,
+                       EngineOptions(model=DEFAULT_MODEL, max_tokens=4, threads=2), rnd=1,
+                       timeout_s=600, log_dir=tmp_path,
+                       on_event=lambda name, event: events.append((name, event["event"])))
+    # start-ups one after another, before any step
+    assert [n for n, e in events if e == "started"] == ["naive", "transformers"]
+    assert events.index(("transformers", "started")) < events.index(("naive", "turn"))
+    steps = [(n, e) for n, e in events if e in ("turn", "ack")]
+    # every step runs in both, in the order step_order gives round 1
+    per_step = 2 if mode == "concurrent" else 1  # turns a step runs in one configuration
+    order = [n for n, e in steps if e == "ack"]
+    n_steps = 2 if mode == "concurrent" else 4
+    assert order == [name for i in range(n_steps)
+                     for name in step_order(["naive", "transformers"], 1, i)]
+    for i, name in enumerate(order):  # a configuration's turns come right before its ack
+        block = steps[i * (per_step + 1):(i + 1) * (per_step + 1)]
+        assert block == [(name, "turn")] * per_step + [(name, "ack")]
+    for name in ("naive", "transformers"):
+        fig, records = out[name]
+        assert fig["status"] == "ok", fig
+        assert fig["turns"] == 4 and len(records) == 4
+        # throughput is over the busy steps, which hold at least every turn's own latency
+        # (sequential) or the longest turn of each wave (concurrent)
+        assert fig["wall_s"] >= max(r.latency_s for r in records)
+        assert fig["output_tok_s"] == pytest.approx(fig["output_tokens"] / fig["wall_s"])

@@ -146,6 +146,9 @@ class SuffixmemChat(ChatConfig):
         self.systems[session] = system_prompt
         self.texts.setdefault(session, [])
 
+    def settle(self) -> None:
+        self.manager.flush()  # the commit and topic update queued behind the last turn
+
     def tier_stats(self) -> dict[str, Any]:
         tier = getattr(self.engine, "kv_tier", None)
         if tier is None:

@@ -78,6 +78,10 @@ class ChatConfig:
         """Continue ``session`` in a new process after ``turns`` (user, reply) pairs."""
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Finish work queued by the turns so far (``bench chat --lockstep`` calls it after
+        each turn, on the configuration's clock); nothing for configurations that queue none."""
+
     def tier_stats(self) -> dict[str, Any]:
         """KV tier figures (``tier_hits``, ``tier_misses``, ``tier_bytes``, ``tier_load_ms``);
         empty when the configuration has no tier."""

@@ -14,14 +14,9 @@ reason, one that failed ``status: "error"``; nothing is estimated in their place
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,16 +25,15 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from suffixmem_bench.chat.configs import BASELINES, CONFIGS, DEFAULT_CONFIGS, KEEP_DB_ENV
+from suffixmem_bench.chat.child import run_lockstep, run_one
+from suffixmem_bench.chat.configs import BASELINES, CONFIGS, DEFAULT_CONFIGS
 from suffixmem_bench.chat.metrics import (
     TurnRecord,
     add_ratios,
-    by_turn,
     evaluate_targets,
     merge_repeats,
     same_text_from_drop,
     same_text_share,
-    summarize,
 )
 from suffixmem_bench.chat.peers import EngineOptions
 from suffixmem_bench.chat.report import machine_info, markdown_table, to_json, write_report
@@ -50,7 +44,7 @@ from suffixmem_bench.chat.returning import (
     report_for,
     run_returning,
 )
-from suffixmem_bench.chat.workload import Workload, build_workload
+from suffixmem_bench.chat.workload import build_workload
 
 DEFAULT_OUT = Path("results/chat")
 err_console = Console(stderr=True)
@@ -64,81 +58,6 @@ def token_counter(model: str) -> Any:
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model(model, progress=False)))
     return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def run_one(
-    name: str, workload: Workload, options: EngineOptions, *, timeout_s: float,
-    on_event: Any = None, log_dir: Path, rounds: tuple[int, int] | None = None,
-    history: dict[str, list[list[str]]] | None = None, tag: str = "",
-    keep_db: Path | None = None,
-) -> tuple[dict[str, Any], list[TurnRecord]]:
-    """Run configuration ``name`` in a child process; its figures and turn records.
-    ``rounds``/``history``: run only those turns, resuming sessions (see ``worker``)."""
-    spec = {"config": name, "workload": workload.to_dict(), "options": asdict(options),
-            "rounds": list(rounds) if rounds else None, "history": history}
-    name_tag = f"{name}{tag}"
-    spec_path = log_dir / f"{name_tag}.spec.json"
-    spec_path.write_text(json.dumps(spec))
-    log_path = log_dir / f"{name_tag}.log"
-    env = dict(os.environ)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # every engine gets the same number of threads (vLLM reads this, torch and OpenMP too)
-    env["OMP_NUM_THREADS"] = str(options.threads)
-    if keep_db is not None:
-        env[KEEP_DB_ENV] = str(keep_db)
-    records: list[TurnRecord] = []
-    final: dict[str, Any] = {}
-    startup = float("nan")
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "suffixmem_bench.chat.worker", str(spec_path)],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-        )
-        killer = threading.Timer(timeout_s, proc.kill)
-        killer.start()
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                kind = event.get("event")
-                if kind == "turn":
-                    records.append(TurnRecord.from_dict(event["record"]))
-                elif kind == "started":
-                    startup = event["startup_s"]
-                else:
-                    final = event
-                if on_event is not None:
-                    on_event(event)
-            proc.wait()
-        finally:
-            killer.cancel()
-    description = CONFIGS[name][1]
-    kind = final.get("event")
-    if kind == "missing":
-        return {"status": "missing", "reason": final["reason"], "description": description}, []
-    if kind != "done":
-        reason = final.get("reason") or (
-            f"worker exited with code {proc.returncode}"
-            + (f" (killed after {timeout_s:.0f} s)" if proc.returncode == -9 else ""))
-        return {"status": "error", "reason": reason, "description": description,
-                "log_tail": final.get("traceback") or _tail(log_path)}, records
-    figures: dict[str, Any] = {"status": "ok", "description": description}
-    figures.update(summarize(records, final["wall_s"]))
-    figures.update({"peak_rss_mb": final["peak_rss_mb"], "kv_pool_mb": final["kv_pool_mb"],
-                    "kv_held_mb": final["kv_held_mb"], "startup_s": startup,
-                    "by_turn": by_turn(records)})
-    figures.update({k: v for k, v in final.items() if k.startswith("tier_")})
-    return figures, records
 
 
 EXACT_REFERENCE = "suffixmem_torch_exact"
@@ -165,12 +84,15 @@ def run_chat(
     repeats: int = 3,
     keep_db: Path | None = None,
     segment_method: str | None = None,
+    lockstep: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the benchmark; returns the report and every turn's record (with its config name
     and repeat). Configurations run as alternating processes (``measure``): every
     configuration once per round, ``repeats`` (>= 3) rounds; figures are medians with
-    ``spread``. ``keep_db``: keep each suffixmem configuration's database (with its segment
-    log, for ``bench retention --trace``) there, from the last round. ``segment_method``:
+    ``spread``. ``lockstep``: a round's processes all alive, stepped turn by turn (or wave by
+    wave), the first rotating (``child.run_lockstep``). ``keep_db``: keep each suffixmem
+    configuration's database (with its segment log, for ``bench retention --trace``) there,
+    from the last round. ``segment_method``:
     the segment-reuse configurations' recompute method (``EngineConfig.segment_method``).
 
     ``workload_name`` picks one of ``suffixmem_bench.workloads`` (``overflow``, ``rag``,
@@ -220,28 +142,10 @@ def run_chat(
         *columns, console=err_console, disable=not progress, transient=False,
     ) as bar, RunContext(options.threads) as ctx:
         task = bar.add_task("chat benchmark", total=per_config * len(configs))
-        for rep, i, name in ((r, i, n) for r in range(repeats) for i, n in enumerate(configs)):
-            bar.update(task, description=f"[{i + 1}/{len(configs)}] {name}: starting")
-            done = 0
-
-            def on_event(event: dict[str, Any], name: str = name, i: int = i) -> None:
-                nonlocal done
-                if event["event"] == "turn":
-                    done += 1
-                    r = event["record"]
-                    bar.update(task, advance=1, description=(
-                        f"[{i + 1}/{len(configs)}] {name}: session {r['session'] + 1} turn "
-                        f"{r['turn']} ttft {r['ttft_s'] * 1000:.0f} ms"))
-                elif event["event"] == "started":
-                    bar.update(task, description=(
-                        f"[{i + 1}/{len(configs)}] {name}: started in "
-                        f"{event['startup_s']:.0f} s"))
-
-            figures, records = run_one(name, workload, options, timeout_s=timeout_s,
-                                       on_event=on_event, log_dir=Path(tmp), keep_db=keep_db)
-            bar.update(task, advance=per_config // repeats - done)  # skipped or failed turns
+        def keep(rep: int, name: str, figures: dict[str, Any],
+                 records: list[TurnRecord]) -> None:
             rounds[name].append(figures)
-            all_turns += [{"config": name, "repeat": rep, **r.to_dict()} for r in records]
+            all_turns.extend({"config": name, "repeat": rep, **r.to_dict()} for r in records)
             if figures["status"] != "ok":
                 bar.console.print(f"[yellow]{name}: {figures['status']}[/] — "
                                   f"{figures['reason'].splitlines()[0]}")
@@ -250,6 +154,37 @@ def run_chat(
                 bar.console.print(
                     f"{name}: {figures['turns']} turns in {figures['wall_s']:.0f} s, TTFT p50 "
                     f"{figures['ttft_p50_s'] * 1000:.0f} ms, hit rate {figures['hit_rate']:.1%}")
+
+        def show(name: str, event: dict[str, Any]) -> None:
+            i = configs.index(name)
+            if event["event"] == "turn":
+                r = event["record"]
+                bar.update(task, advance=1, description=(
+                    f"[{i + 1}/{len(configs)}] {name}: session {r['session'] + 1} turn "
+                    f"{r['turn']} ttft {r['ttft_s'] * 1000:.0f} ms"))
+            elif event["event"] == "started":
+                bar.update(task, description=(
+                    f"[{i + 1}/{len(configs)}] {name}: started in "
+                    f"{event['startup_s']:.0f} s"))
+
+        for rep in range(repeats):
+            if lockstep:
+                out = run_lockstep(configs, workload, options, rnd=rep,
+                                   timeout_s=timeout_s * len(configs), log_dir=Path(tmp),
+                                   on_event=show, keep_db=keep_db)
+                for name in configs:
+                    keep(rep, name, *out[name])
+                bar.update(task, completed=per_config * len(configs) * (rep + 1) // repeats)
+                continue
+            for i, name in enumerate(configs):
+                bar.update(task, description=f"[{i + 1}/{len(configs)}] {name}: starting")
+                figures, records = run_one(
+                    name, workload, options, timeout_s=timeout_s,
+                    on_event=lambda event, name=name: show(name, event), log_dir=Path(tmp),
+                    keep_db=keep_db)
+                # skipped or failed turns
+                bar.update(task, advance=per_config // repeats - len(records))
+                keep(rep, name, figures, records)
     results = {name: merge_repeats(rs) for name, rs in rounds.items()}
     for baseline in BASELINES:  # the strongest baseline's ratios first in the JSON
         add_ratios(results, baseline)
@@ -264,6 +199,7 @@ def run_chat(
             "max_model_len": max_model_len, "kv_cache_gib": kv_cache_gib,
             "threads": options.threads, "repeats": repeats,
             "segment_method": segment_method,
+            "interleave": "lockstep" if lockstep else "process",
         },
         "baselines": [b for b in BASELINES if results.get(b, {}).get("status") == "ok"],
         **ctx.fields(),
@@ -344,6 +280,10 @@ def register(bench: typer.Typer) -> None:
         keep_db: str | None = typer.Option(None, help="Keep each suffixmem configuration's "
                                            "database (segment log) in this folder."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        lockstep: bool = typer.Option(
+            False, "--lockstep", help="All of a round's configurations alive at once, stepped "
+            "turn by turn (waves when --concurrent), the first rotating: finer interleaving, "
+            "more memory."),
         segment_method: str | None = typer.Option(
             None, help="Recompute method of the segment-reuse configurations, a BlendConfig "
             "label (k16, k16-q0.4, k16-p0.1; default: the engine's)."),
@@ -405,6 +345,7 @@ def register(bench: typer.Typer) -> None:
             kv_cache_gib=kv_cache_gib, threads=threads, timeout_s=timeout,
             workload_name=workload_name or None, repeats=repeats,
             keep_db=Path(keep_db) if keep_db else None, segment_method=segment_method,
+            lockstep=lockstep,
         )
         folder = (Path(out) / workload_name if workload_name
                   else default_out_dir(Path(out), long, concurrent))

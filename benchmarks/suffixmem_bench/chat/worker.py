@@ -7,6 +7,15 @@ one of ``{"event": "done", "wall_s", "peak_rss_mb", "kv_pool_mb", "kv_held_mb", 
 ``{"event": "missing", "reason"}`` (the configuration cannot be built here: a module or package
 is absent) or ``{"event": "error", "reason", "traceback"}``.
 
+With ``"lockstep": true`` in the spec (``bench chat --lockstep``) the worker opens the sessions
+and then waits for commands on its standard input, one JSON line each: ``{"cmd": "turn",
+"session", "turn"}`` runs one turn, ``{"cmd": "wave", "turn"}`` every session's turn at once
+(one thread per session), ``{"cmd": "done"}`` ends the run. After each command the
+configuration settles (``ChatConfig.settle``: the manager's queued bookkeeping is flushed, so
+none of it runs while another configuration's process has the machine) and the worker answers
+its turn events and ``{"event": "ack", "busy_s"}``: the command's time, settling included. Its
+``done`` event's ``wall_s`` is the sum of those busy times.
+
 Anything else written to file descriptor 1 (C libraries, vLLM) is sent to standard error, so the
 protocol stream stays clean. A process per configuration makes its peak resident memory its own,
 and one engine's teardown cannot disturb the next.
@@ -44,19 +53,7 @@ def run_config(
     lock = threading.Lock()
 
     def one(session: int, turn: int) -> None:
-        text = workload.sessions[session][turn]
-        system = workload.system_prompt_at(session, turn)
-        if system is not None:  # the rag workload: new passages in the system prompt
-            config.set_system(session, system)
-        out = config.turn(session, text)
-        seen, seen_any = tracker.observe_both(session, out.prompt_ids, out.reply_ids)
-        record = TurnRecord(
-            session=session, turn=turn + 1, prompt_tokens=len(out.prompt_ids),
-            cached_tokens=out.cached_tokens, output_tokens=len(out.reply_ids),
-            seen_tokens=seen, ttft_s=out.ttft_s, latency_s=out.latency_s,
-            engine_ttft_s=out.engine_ttft_s, text=out.text, seen_any_tokens=seen_any,
-            manager_overhead_ms=out.manager_overhead_ms, dropped_turns=out.dropped_turns,
-        )
+        record = run_turn(config, workload, tracker, session, turn)
         with lock:
             records.append(record)
         if emit is not None:
@@ -96,6 +93,56 @@ def run_config(
     return records, time.perf_counter() - t0
 
 
+def run_turn(config: ChatConfig, workload: Workload, tracker: CeilingTracker, session: int,
+             turn: int) -> TurnRecord:
+    """Turn ``turn`` (0-based) of ``session`` on ``config``, as a record."""
+    text = workload.sessions[session][turn]
+    system = workload.system_prompt_at(session, turn)
+    if system is not None:  # the rag workload: new passages in the system prompt
+        config.set_system(session, system)
+    out = config.turn(session, text)
+    seen, seen_any = tracker.observe_both(session, out.prompt_ids, out.reply_ids)
+    return TurnRecord(
+        session=session, turn=turn + 1, prompt_tokens=len(out.prompt_ids),
+        cached_tokens=out.cached_tokens, output_tokens=len(out.reply_ids),
+        seen_tokens=seen, ttft_s=out.ttft_s, latency_s=out.latency_s,
+        engine_ttft_s=out.engine_ttft_s, text=out.text, seen_any_tokens=seen_any,
+        manager_overhead_ms=out.manager_overhead_ms, dropped_turns=out.dropped_turns,
+    )
+
+
+def run_lockstep(config: ChatConfig, workload: Workload, commands: IO[str],
+                 send: Any) -> float:
+    """Open the sessions, then run ``commands`` (module docstring) until ``done``; returns the
+    summed busy time in seconds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tracker = CeilingTracker()
+    sessions = range(workload.num_sessions)
+    for s in sessions:
+        config.open(s, workload.system_prompt_of(s))
+    busy = 0.0
+    with ThreadPoolExecutor(max_workers=workload.num_sessions) as pool:
+        for line in commands:
+            cmd = json.loads(line)
+            if cmd["cmd"] == "done":
+                break
+            t0 = time.perf_counter()
+            if cmd["cmd"] == "turn":
+                records = [run_turn(config, workload, tracker, cmd["session"], cmd["turn"])]
+            else:
+                futures = [pool.submit(run_turn, config, workload, tracker, s, cmd["turn"])
+                           for s in sessions]
+                records = [f.result() for f in futures]
+            config.settle()
+            spent = time.perf_counter() - t0
+            busy += spent
+            for r in records:
+                send({"event": "turn", "record": r.to_dict()})
+            send({"event": "ack", "busy_s": spent})
+    return busy
+
+
 def main(spec_path: str, out: IO[str]) -> int:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
@@ -121,9 +168,12 @@ def main(spec_path: str, out: IO[str]) -> int:
     send({"event": "started", "startup_s": time.perf_counter() - t0})
     try:
         rounds = spec.get("rounds")
-        _, wall = run_config(
-            config, workload, lambda r: send({"event": "turn", "record": r.to_dict()}),
-            rounds=tuple(rounds) if rounds else None, history=spec.get("history"))
+        if spec.get("lockstep"):
+            wall = run_lockstep(config, workload, sys.stdin, send)
+        else:
+            _, wall = run_config(
+                config, workload, lambda r: send({"event": "turn", "record": r.to_dict()}),
+                rounds=tuple(rounds) if rounds else None, history=spec.get("history"))
         kv = {**config.kv_memory(), **config.tier_stats()}
     except Exception as e:
         send({"event": "error", "reason": f"{type(e).__name__}: {e}",
