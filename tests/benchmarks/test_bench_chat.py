@@ -129,6 +129,12 @@ def test_unknown_configuration_is_refused() -> None:
     assert "gpt5" in result.output
 
 
+def test_lockstep_refuses_the_returning_workload_before_any_engine_starts() -> None:
+    result = CliRunner().invoke(_app(), ["chat", "--workload", "returning", "--lockstep"])
+    assert result.exit_code == 2
+    assert "--lockstep" in result.output and "Traceback" not in result.output
+
+
 def test_too_few_repeats_is_a_usage_error_not_a_traceback() -> None:
     result = CliRunner().invoke(_app(), ["chat", "--configs", "naive", "--repeats", "1"])
     assert result.exit_code == 2  # click's usage error, before any engine starts

@@ -315,6 +315,9 @@ def register(bench: typer.Typer) -> None:
             raise typer.BadParameter(f"unknown workload {workload!r}; expected one of "
                                      f"{['default', 'long', 'returning', *pinned_names]}")
         workload_name = workload if workload in pinned_names else ""
+        if lockstep and workload == "returning":
+            raise typer.BadParameter("the returning workload restarts its engines between "
+                                     "rounds and cannot run in lockstep", param_hint="--lockstep")
         t0 = time.perf_counter()
         if workload == "returning":
             # by name: typer vendors its own click, whose ParameterSource is another enum

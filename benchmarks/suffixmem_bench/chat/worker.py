@@ -111,7 +111,7 @@ def run_turn(config: ChatConfig, workload: Workload, tracker: CeilingTracker, se
     )
 
 
-def run_lockstep(config: ChatConfig, workload: Workload, commands: IO[str],
+def serve_steps(config: ChatConfig, workload: Workload, commands: IO[str],
                  send: Any) -> float:
     """Open the sessions, then run ``commands`` (module docstring) until ``done``; returns the
     summed busy time in seconds."""
@@ -169,7 +169,7 @@ def main(spec_path: str, out: IO[str]) -> int:
     try:
         rounds = spec.get("rounds")
         if spec.get("lockstep"):
-            wall = run_lockstep(config, workload, sys.stdin, send)
+            wall = serve_steps(config, workload, sys.stdin, send)
         else:
             _, wall = run_config(
                 config, workload, lambda r: send({"event": "turn", "record": r.to_dict()}),
