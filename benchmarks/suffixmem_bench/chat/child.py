@@ -76,34 +76,17 @@ def run_one(
     spec = {"config": name, "workload": workload.to_dict(), "options": asdict(options),
             "rounds": list(rounds) if rounds else None, "history": history}
     log_path = log_dir / f"{name}{tag}.log"
-    records: list[TurnRecord] = []
-    final: dict[str, Any] = {}
-    startup = float("nan")
     with log_path.open("w") as log:
-        proc = _spawn(f"{name}{tag}", spec, options, log_dir, keep_db, log)
-        killer = threading.Timer(timeout_s, proc.kill)
+        child = _Child(name, _spawn(f"{name}{tag}", spec, options, log_dir, keep_db, log),
+                       log_path, on_event)
+        killer = threading.Timer(timeout_s, child.proc.kill)
         killer.start()
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                kind = event.get("event")
-                if kind == "turn":
-                    records.append(TurnRecord.from_dict(event["record"]))
-                elif kind == "started":
-                    startup = event["startup_s"]
-                else:
-                    final = event
-                if on_event is not None:
-                    on_event(event)
-            proc.wait()
+            child.read_until()
+            child.proc.wait()
         finally:
             killer.cancel()
-    return figures_of(name, records, final, startup, proc.returncode, timeout_s,
-                      log_path), records
+    return child.figures(timeout_s), child.records
 
 
 def figures_of(name: str, records: list[TurnRecord], final: dict[str, Any], startup: float,
@@ -128,8 +111,10 @@ def figures_of(name: str, records: list[TurnRecord], final: dict[str, Any], star
     return figures
 
 
-class _Stepper:
-    """One lockstep child: send a command, read events up to its answer."""
+class _Child:
+    """A worker's event stream, read up to a given answer (``run_lockstep``) or its end
+    (``run_one``): its turn records, start-up time and final event (``done``, ``missing``,
+    ``error``, or ``eof`` when it ended without one). ``on_event(event)`` sees every event."""
 
     def __init__(self, name: str, proc: subprocess.Popen[str], log_path: Path,
                  on_event: Any) -> None:
@@ -144,7 +129,7 @@ class _Stepper:
         return not self.final
 
     def read_until(self, *kinds: str) -> None:
-        """Read events until one of ``kinds`` or a final one (``missing``, ``error``, EOF)."""
+        """Read events until one of ``kinds`` or a final one."""
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
@@ -153,7 +138,7 @@ class _Stepper:
                 continue
             kind = event.get("event")
             if self.on_event is not None:
-                self.on_event(self.name, event)
+                self.on_event(event)
             if kind == "turn":
                 self.records.append(TurnRecord.from_dict(event["record"]))
             elif kind == "started":
@@ -164,6 +149,11 @@ class _Stepper:
             if kind in kinds:
                 return
         self.final = self.final or {"event": "eof"}
+
+    def figures(self, timeout_s: float) -> dict[str, Any]:
+        """``figures_of`` this child, once it has ended."""
+        return figures_of(self.name, self.records, self.final, self.startup,
+                          self.proc.returncode, timeout_s, self.log_path)
 
     def send(self, command: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -189,9 +179,9 @@ def run_lockstep(
     figures and turn records. ``on_event(name, event)`` sees every event; ``timeout_s``
     bounds the whole round."""
     spec = {"workload": workload.to_dict(), "options": asdict(options), "lockstep": True}
-    steppers: list[_Stepper] = []
+    children: list[_Child] = []
     logs = []
-    killer = threading.Timer(timeout_s, lambda: [s.proc.kill() for s in steppers])
+    killer = threading.Timer(timeout_s, lambda: [s.proc.kill() for s in children])
     killer.start()
     try:
         for name in names:  # one at a time: start-ups never overlap
@@ -200,30 +190,30 @@ def run_lockstep(
             logs.append(log)
             proc = _spawn(name, {**spec, "config": name}, options, log_dir, keep_db, log,
                           stdin=subprocess.PIPE)
-            stepper = _Stepper(name, proc, log_path, on_event)
-            stepper.read_until("started")
-            steppers.append(stepper)
+            child = _Child(name, proc, log_path, None if on_event is None else
+                           lambda event, name=name: on_event(name, event))
+            child.read_until("started")
+            children.append(child)
         if workload.mode == "concurrent":
             steps = [{"cmd": "wave", "turn": t} for t in range(workload.num_turns)]
         else:
             steps = [{"cmd": "turn", "session": s, "turn": t} for s, t in schedule(workload)]
         for i, command in enumerate(steps):
-            for stepper in step_order(steppers, rnd, i):
-                if stepper.alive:
+            for child in step_order(children, rnd, i):
+                if child.alive:
                     time.sleep(GAP_S)
-                    stepper.send(command)
-                    stepper.read_until("ack")
-        for stepper in steppers:
-            if stepper.alive:
-                stepper.send({"cmd": "done"})
-                stepper.read_until()
-            stepper.proc.wait()
+                    child.send(command)
+                    child.read_until("ack")
+        for child in children:
+            if child.alive:
+                child.send({"cmd": "done"})
+                child.read_until()
+            child.proc.wait()
     finally:
         killer.cancel()
-        for stepper in steppers:
-            if stepper.proc.poll() is None:
-                stepper.proc.kill()
+        for child in children:
+            if child.proc.poll() is None:
+                child.proc.kill()
         for log in logs:
             log.close()
-    return {s.name: (figures_of(s.name, s.records, s.final, s.startup, s.proc.returncode,
-                                timeout_s, s.log_path), s.records) for s in steppers}
+    return {s.name: (s.figures(timeout_s), s.records) for s in children}

@@ -263,15 +263,19 @@ def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: in
     """The report of ``run_paired`` from its records (module docstring); the late figures
     count turns from ``late_turn`` (1-based) on, still named ``..._from_turn8_...``."""
     arms: dict[str, Any] = {}
+    tok_s: dict[str, float] = {}  # per arm, all rounds pooled
+    round_tok_s: dict[str, list[float]] = {}
     for name in ARMS:
         mine = [x for x in records if x["arm"] == name]
         per_round = [[x for x in mine if x["round"] == r] for r in range(repeats)]
+        tok_s[name] = _tok_s(mine)
+        round_tok_s[name] = [_tok_s(rr) for rr in per_round]
         row: dict[str, Any] = {
             "ttft_p50_ms": spread([_median([x["ttft_ms"] for x in rr]) for rr in per_round]),
             "ttft_p50_from_turn8_ms": spread([
                 _median([x["ttft_ms"] for x in rr if x["turn"] >= late_turn])
                 for rr in per_round]),
-            "output_tok_s": spread([_tok_s(rr) for rr in per_round]),
+            "output_tok_s": spread(round_tok_s[name]),
             "output_tokens": sum(x["output_tokens"] for x in mine),
             "pre_engine_ms_p50": _median([x["pre_engine_ms"] for x in mine]),
             "engine_ttft_ms_p50": _median([x["engine_ttft_ms"] for x in mine]),
@@ -304,10 +308,9 @@ def summarize(records: Sequence[dict[str, Any]], workload: Workload, repeats: in
     per_round = [arms["suffixmem"]["ttft_p50_from_turn8_ms"]["runs"][r]
                  / arms["stock"]["ttft_p50_from_turn8_ms"]["runs"][r]
                  for r in range(len(arms["stock"]["ttft_p50_from_turn8_ms"]["runs"]))]
-    mine = {name: [x for x in records if x["arm"] == name] for name in ARMS}
-    throughput = _tok_s(mine["suffixmem"]) / _tok_s(mine["stock"])
-    round_tp = [_tok_s([x for x in mine["suffixmem"] if x["round"] == r])
-                / _tok_s([x for x in mine["stock"] if x["round"] == r]) for r in range(repeats)]
+    throughput = tok_s["suffixmem"] / tok_s["stock"]
+    round_tp = [a / b for a, b in zip(round_tok_s["suffixmem"], round_tok_s["stock"],
+                                      strict=True)]
     return {
         "workload": {"name": workload.name, "sessions": workload.num_sessions,
                      "turns": workload.num_turns, "max_tokens": workload.max_tokens,

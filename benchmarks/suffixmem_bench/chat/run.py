@@ -90,7 +90,7 @@ def run_chat(
     and repeat). Configurations run as alternating processes (``measure``): every
     configuration once per round, ``repeats`` (>= 3) rounds; figures are medians with
     ``spread``. ``lockstep``: a round's processes all alive, stepped turn by turn (or wave by
-    wave), the first rotating (``child.run_lockstep``). ``keep_db``: keep each suffixmem
+    wave) in a seeded shuffled order (``child.run_lockstep``). ``keep_db``: keep each suffixmem
     configuration's database (with its segment log, for ``bench retention --trace``) there,
     from the last round. ``segment_method``:
     the segment-reuse configurations' recompute method (``EngineConfig.segment_method``).
@@ -282,7 +282,7 @@ def register(bench: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
         lockstep: bool = typer.Option(
             False, "--lockstep", help="All of a round's configurations alive at once, stepped "
-            "turn by turn (waves when --concurrent), the first rotating: finer interleaving, "
+            "turn by turn (waves when --concurrent) in a shuffled order: finer interleaving, "
             "more memory."),
         segment_method: str | None = typer.Option(
             None, help="Recompute method of the segment-reuse configurations, a BlendConfig "

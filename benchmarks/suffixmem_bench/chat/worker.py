@@ -112,7 +112,7 @@ def run_turn(config: ChatConfig, workload: Workload, tracker: CeilingTracker, se
 
 
 def serve_steps(config: ChatConfig, workload: Workload, commands: IO[str],
-                 send: Any) -> float:
+                send: Any) -> float:
     """Open the sessions, then run ``commands`` (module docstring) until ``done``; returns the
     summed busy time in seconds."""
     from concurrent.futures import ThreadPoolExecutor
