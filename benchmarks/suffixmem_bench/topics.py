@@ -237,14 +237,16 @@ def teacher_features(detector: TopicDetector, sessions: Sequence[Session],
     return xs, ys
 
 
-def fit_model(sets: Sequence[tuple[Featurizer, Sequence[Session]]]) -> tuple[SignalModel, float]:
+def fit_model(sets: Sequence[tuple[Featurizer, Sequence[Session]]], gain: Any = None
+              ) -> tuple[SignalModel, float]:
     """The signal model fitted on ``sets`` (each weighs the same), then its cutoff with the
-    best mean F1 over them running on its own verdicts; returns (model, that mean F1)."""
+    best mean F1 over them running on its own verdicts; returns (model, that mean F1). With
+    ``gain`` (a ``ContextGain``) the model has ``GAIN_FEATURES``."""
     xs: list[list[float]] = []
     ys: list[bool] = []
     ws: list[float] = []
     for feat, sessions in sets:
-        x, y = teacher_features(TopicDetector(None, feat), sessions)
+        x, y = teacher_features(TopicDetector(None, feat, None, gain), sessions)
         xs += x
         ys += y
         ws += [1.0 / len(x)] * len(x)
@@ -253,7 +255,7 @@ def fit_model(sets: Sequence[tuple[Featurizer, Sequence[Session]]]) -> tuple[Sig
 
     def mean_f1(cutoff: float) -> float:
         m = model.with_cutoff(cutoff)
-        return statistics.fmean(evaluate(TopicDetector(None, feat, m), sessions)["f1"]
+        return statistics.fmean(evaluate(TopicDetector(None, feat, m, gain), sessions)["f1"]
                                 for feat, sessions in sets)
 
     scored = [(c, mean_f1(c)) for c in CUTOFFS]
@@ -303,10 +305,11 @@ def footprint(turns: int = 50) -> dict[str, float]:
 
 
 def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | None = None,
-               contiguous: bool = True) -> dict[str, Any]:
+               contiguous: bool = True, context_gain: bool = False) -> dict[str, Any]:
     """Tune on English held-in topics and the natural tuning sessions; score chatterbot
     held-out topics in ``languages`` (all by default) and the natural set. See the module
-    docstring for the JSON."""
+    docstring for the JSON; ``context_gain``: also the detector with the served model's
+    context gain (``topic_gain``)."""
     names = sorted(load_topics("english"))
     tune_names, test_names = split_topic_names(names, seed)
     tune_sessions = build_sessions(pools("english", tune_names), n_sessions, seed + 1,
@@ -319,6 +322,14 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
     model, tune_f1 = fit_model([(chat_feat, tune_sessions), (shipped, natural_tune)])
     rule_thr, rule_tune_f1 = best_rule([tune_sessions, natural_tune])
     rule = RuleDetector(rule_thr)
+    gain = gain_model = None
+    gain_tune_f1 = 0.0
+    if context_gain:
+        from suffixmem_bench import topic_gain
+
+        gain = topic_gain.MemoGain.load()
+        gain_model, gain_tune_f1 = fit_model(
+            [(chat_feat, tune_sessions), (shipped, natural_tune)], gain)
 
     datasets: dict[str, dict[str, Any]] = {}
     skipped: dict[str, list[str]] = {}  # fewer than two held-out topic files: no jump to score
@@ -343,6 +354,14 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         d["all_jumps_f1"] = round(2 * d["jumps"] / (d["jumps"] + d["turns"]), 4)
         if topics is not None:  # the topic files its sessions switch between
             datasets[name]["topics"] = topics
+        if gain is not None:
+            with_gain = TopicDetector(None, detector.featurizer, gain_model, gain)
+            g = evaluate(with_gain, sessions)
+            d["context_gain"] = {
+                "f1": round(g["f1"], 4), "precision": round(g["precision"], 4),
+                "recall": round(g["recall"], 4),
+                "auc": round(topic_gain.probability_auc(with_gain, sessions), 4),
+                "default_auc": round(topic_gain.probability_auc(detector, sessions), 4)}
 
     for lang in langs:
         pool = pools(lang, test_names, utterances(tune_pools[lang]))
@@ -362,6 +381,8 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         "tune_topics": tune_names, "test_topics": test_names, "skipped": skipped,
         **footprint(),
         "bench_process_peak_mb": round(peak_rss_mb(), 1),
+        **({"context_gain": topic_gain.summary(gain_model, gain_tune_f1, gain, datasets)}
+           if gain is not None else {}),
     }
 
 
@@ -376,13 +397,16 @@ def register(bench: Any) -> None:
             None, help="chatterbot languages to score (default: all)"),
         shuffled: bool = typer.Option(
             False, "--shuffled", help="chatterbot blocks drawn at random from a topic file"),
+        context_gain: bool = typer.Option(
+            False, "--context-gain", help="also score the detector with the served model's "
+            "context gain (two forwards of the model per message: slow; limit --language)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Precision/recall/F1 of topic-jump detection on held-out topics and natural chats."""
         from suffixmem_bench.measure import RunContext
 
         with RunContext() as ctx:  # quality figures, but the JSON carries the run's context too
-            result = run_topics(sessions, seed, language or None, not shuffled)
+            result = run_topics(sessions, seed, language or None, not shuffled, context_gain)
         result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
@@ -391,10 +415,13 @@ def register(bench: Any) -> None:
         from rich.table import Table
 
         table = Table(title="topic jumps (tuned on English tuning topics and natural_tune only)")
-        for col in ("data set", "turns", "jumps", "precision", "recall", "F1", "rule F1"):
+        gained = "context_gain" in result
+        for col in ("data set", "turns", "jumps", "precision", "recall", "F1", "rule F1",
+                    *(("F1 with gain",) if gained else ())):
             table.add_column(col)
         for name, d in result["datasets"].items():
             table.add_row(name, str(d["turns"]), str(d["jumps"]), f"{d['precision']:.3f}",
-                          f"{d['recall']:.3f}", f"{d['f1']:.3f}", f"{d['baseline_f1']:.3f}")
+                          f"{d['recall']:.3f}", f"{d['f1']:.3f}", f"{d['baseline_f1']:.3f}",
+                          *((f"{d['context_gain']['f1']:.3f}",) if gained else ()))
         Console().print(table)
         Console().print(f"p99 {result['ms_per_turn_p99']} ms/turn, peak {result['peak_mb']} MB")

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,7 @@ from suffixmem.conversation.temperature import (  # noqa: F401
     SemanticTemperature,
 )
 from suffixmem.conversation.topic_cues import continues_topic, has_shift_marker
-from suffixmem.conversation.topic_signals import DEFAULT_MODEL, SignalModel
+from suffixmem.conversation.topic_signals import DEFAULT_MODEL, GAIN_MODEL, SignalModel
 from suffixmem.conversation.topic_vector import EMPTY, SparseRow, hashed_counts
 from suffixmem.errors import ConfigError
 
@@ -171,6 +171,7 @@ class TopicState:
     observed: tuple[str, float] | None = None  # the last observed message and its similarity
     char_df: SparseRow = EMPTY  # per feature, the session's turns that used it
     word_df: SparseRow = EMPTY
+    last_turn: tuple[str, str] | None = None  # (user, reply) texts: the context gain reads them
 
 
 class Featurizer:
@@ -249,10 +250,15 @@ class TopicDetector:
 
     def __init__(self, config: TopicConfig | None = None,
                  featurizer: Featurizer | None = None,
-                 model: SignalModel | None = None) -> None:
+                 model: SignalModel | None = None,
+                 gain: Callable[[tuple[str, str], str], float] | None = None) -> None:
+        if model is not None and model.uses_gain != (gain is not None):
+            raise ConfigError("a signal model with GAIN_FEATURES needs a context gain and a "
+                              "gain needs such a model (default_detector(gain=...) pairs them)")
         self.config = config or TopicConfig()
         self.featurizer = featurizer or Featurizer()
         self.model = model
+        self.gain = gain
 
     def _vectors(self, state: TopicState, text: str) -> tuple[SparseRow, SparseRow]:
         return self._weighed(state, *self.featurizer.counts(text))
@@ -288,8 +294,20 @@ class TopicDetector:
         return max(0.0, min(1.0, best))
 
     def signals(self, state: TopicState, message: str) -> tuple[float, list[float]] | None:
-        """(similarity, feature vector ordered as ``topic_signals.FEATURES``) of ``message``
-        against the topic in ``state``; None before any turn."""
+        """(similarity, feature vector ordered as the signal model's ``features``) of
+        ``message`` against the topic in ``state``; None before any turn."""
+        found = self._signals(state, message)
+        if found is not None and self.gain is not None:
+            found[1].append(self._gain(state, message))
+        return found
+
+    def _gain(self, state: TopicState, message: str) -> float:
+        assert self.gain is not None
+        return self.gain(state.last_turn, message) if state.last_turn is not None else 0.0
+
+    def _signals(self, state: TopicState, message: str) -> tuple[float, list[float]] | None:
+        """``signals`` without the context gain (the costly one: computed only for messages
+        that reach the signal model)."""
         if state.turns == 0 or state.char is None:
             return None
         c, w = self._vectors(state, message)
@@ -304,7 +322,7 @@ class TopicDetector:
     def observe_user(self, state: TopicState, message: str) -> TopicVerdict:
         """Is ``message`` a jump from the topic in ``state``? (``state`` only remembers the
         message's similarity, so that ``add_turn`` need not compute it again.)"""
-        found = self.signals(state, message) if self.model is not None else None
+        found = self._signals(state, message) if self.model is not None else None
         sim = found[0] if found is not None else self.similarity(state, message)
         if sim is None:
             return TopicVerdict(False, None, reason="first turn")
@@ -316,6 +334,8 @@ class TopicDetector:
         if has_shift_marker(message):
             return TopicVerdict(sim < cfg.marker_ceiling, sim, reason="shift marker")
         if found is not None and self.model is not None:
+            if self.gain is not None:
+                found[1].append(self._gain(state, message))
             p = self.model.probability(found[1])
             return TopicVerdict(p >= self.model.cutoff, sim, p, reason="signals")
         if content < cfg.short_content and not is_question(message):
@@ -347,6 +367,7 @@ class TopicDetector:
         state.last_char, state.last_word = c, w
         state.recent = [*state.recent, (c, w)][-self.config.topic_turns:] \
             if self.config.topic_turns else []
+        state.last_turn = (user, assistant)
         state.char_df = state.char_df.plus(SparseRow(raw_c.indices, np.ones(raw_c.nnz)))
         state.word_df = state.word_df.plus(SparseRow(raw_w.indices, np.ones(raw_w.nnz)))
         state.turns += 1
@@ -377,9 +398,15 @@ def _background() -> Featurizer:
 
 
 def default_detector(config: TopicConfig | None = None,
-                     model: SignalModel | None = DEFAULT_MODEL) -> TopicDetector:
+                     model: SignalModel | None = DEFAULT_MODEL,
+                     gain: Callable[[tuple[str, str], str], float] | None = None
+                     ) -> TopicDetector:
     """The manager's detector: default ``TopicConfig``, the shipped background IDF (read from
     package data in well under a second; nothing is trained) and the shipped signal model
-    (``model=None``: the plain threshold rule). The background is shared between detectors
+    (``model=None``: the plain threshold rule). With ``gain`` (a ``ContextGain``: the served
+    model's opinion, opt-in and costly, ``suffixmem.context_gain``) the shipped model is the
+    one fitted with it, ``GAIN_MODEL``. The background is shared between detectors
     (read-only)."""
-    return TopicDetector(config, _background(), model)
+    if gain is not None and model is DEFAULT_MODEL:
+        model = GAIN_MODEL
+    return TopicDetector(config, _background(), model, gain)

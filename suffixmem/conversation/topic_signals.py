@@ -15,6 +15,9 @@ The features (computed by ``TopicDetector.signals``, in this order, see ``FEATUR
 - ``follow_up``: 1 when the message opens with a continuation cue or, short, refers back with
   a pronoun (``topic_cues.continues_topic``).
 - ``question``: 1 when it asks something (a question mark or a CJK question particle).
+- ``context_gain`` (optional, ``GAIN_FEATURES``): nats per token by which the last turn makes
+  the message more likely under the served model (``suffixmem.context_gain``); only a detector
+  given a ``ContextGain`` computes it.
 
 No topic list and no vocabulary is learned: only one weight per feature, a bias and the
 decision cutoff. ``DEFAULT_MODEL`` holds the weights that ``suffixmem bench topics`` fits on its
@@ -31,27 +34,36 @@ from dataclasses import dataclass, replace
 from suffixmem.errors import ConfigError
 
 FEATURES: tuple[str, ...] = ("sim", "sim_drop", "novelty", "length", "follow_up", "question")
+GAIN_FEATURES: tuple[str, ...] = (*FEATURES, "context_gain")
 
 
 @dataclass(slots=True, frozen=True)
 class SignalModel:
-    """``probability(x) = sigmoid(bias + weights . x)``; a jump when it is >= ``cutoff``."""
+    """``probability(x) = sigmoid(bias + weights . x)``; a jump when it is >= ``cutoff``.
+    ``features``: what ``x`` holds, ``FEATURES`` or ``GAIN_FEATURES``."""
 
     weights: tuple[float, ...]
     bias: float
     cutoff: float = 0.5
+    features: tuple[str, ...] = FEATURES
 
     def __post_init__(self) -> None:
-        if len(self.weights) != len(FEATURES):
-            raise ConfigError(f"weights needs {len(FEATURES)} values ({', '.join(FEATURES)}), "
-                              f"got {len(self.weights)}")
+        if self.features not in (FEATURES, GAIN_FEATURES):
+            raise ConfigError(f"features must be FEATURES or GAIN_FEATURES, got {self.features}")
+        if len(self.weights) != len(self.features):
+            raise ConfigError(f"weights needs {len(self.features)} values "
+                              f"({', '.join(self.features)}), got {len(self.weights)}")
         if not all(math.isfinite(w) for w in (*self.weights, self.bias)):
             raise ConfigError("weights and bias must be finite numbers")
         if not 0.0 < self.cutoff < 1.0:
             raise ConfigError(f"cutoff must be in (0, 1), got {self.cutoff}")
 
+    @property
+    def uses_gain(self) -> bool:
+        return "context_gain" in self.features
+
     def probability(self, x: Sequence[float]) -> float:
-        """P(jump) for one feature vector (ordered as ``FEATURES``)."""
+        """P(jump) for one feature vector (ordered as ``features``)."""
         z = self.bias + sum(w * v for w, v in zip(self.weights, x, strict=True))
         z = max(-30.0, min(30.0, z))  # exp overflow guard; p is 0 or 1 to float precision
         return 1.0 / (1.0 + math.exp(-z))
@@ -61,14 +73,15 @@ class SignalModel:
 
     def describe(self) -> dict[str, float]:
         """Weights by feature name, with the bias and cutoff (for reports)."""
-        return {**{n: round(w, 4) for n, w in zip(FEATURES, self.weights, strict=True)},
+        return {**{n: round(w, 4) for n, w in zip(self.features, self.weights, strict=True)},
                 "bias": round(self.bias, 4), "cutoff": self.cutoff}
 
     @classmethod
     def fit(cls, x: Sequence[Sequence[float]], y: Sequence[bool],
             sample_weight: Sequence[float] | None = None, c: float = 1.0) -> SignalModel:
         """Maximum-likelihood weights (L2-regularised with strength 1/``c``) for features ``x``
-        and jump labels ``y``; the cutoff stays 0.5 (tune it with ``with_cutoff``)."""
+        (rows of ``FEATURES`` or of ``GAIN_FEATURES``, told apart by their length) and jump
+        labels ``y``; the cutoff stays 0.5 (tune it with ``with_cutoff``)."""
         import numpy as np
         from sklearn.linear_model import LogisticRegression
 
@@ -77,8 +90,9 @@ class SignalModel:
         lr = LogisticRegression(C=c, max_iter=1000)
         lr.fit(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=bool),
                sample_weight=None if sample_weight is None else np.asarray(sample_weight))
+        features = GAIN_FEATURES if len(x[0]) == len(GAIN_FEATURES) else FEATURES
         return cls(tuple(round(float(w), 4) for w in lr.coef_[0]),
-                   round(float(lr.intercept_[0]), 4))
+                   round(float(lr.intercept_[0]), 4), features=features)
 
 
 # fitted with `suffixmem_bench.topics.fit_model` (seed 0) on 40 English chatterbot tuning
@@ -86,4 +100,13 @@ class SignalModel:
 # best mean tuning F1 over 0.1-0.7 (0.2: 0.466). The bench refits and reports its own.
 DEFAULT_MODEL = SignalModel(
     weights=(-2.6152, 3.4143, 0.5561, 2.731, -2.2285, -0.2934), bias=-3.068, cutoff=0.25,
+)
+
+# fitted with `bench topics --context-gain` (seed 0, 120 English chatterbot tuning sessions and
+# the 18 natural tuning sessions; results/topics/context-gain-*.json): with the gain, the
+# similarity's own weight shrinks and its drop below the topic's earlier similarities and the
+# follow-up cue carry the TF-IDF side. Tuning F1 0.744 at cutoff 0.35.
+GAIN_MODEL = SignalModel(
+    weights=(-0.5122, 2.5707, -0.0651, 0.276, -1.892, 0.1328, -2.0232), bias=-0.4213,
+    cutoff=0.35, features=GAIN_FEATURES,
 )

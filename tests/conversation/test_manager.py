@@ -298,6 +298,36 @@ def test_topic_jump_lowers_temperature_and_releases(manager: ConversationManager
     assert manager.stats("topic")["topic_jumps"] == 1
 
 
+def test_topic_jumps_with_the_served_models_context_gain(engine: FlakyEngine, model_path: Path,
+                                                         tmp_path: Path) -> None:
+    """The opt-in second opinion through the manager: the gain reads the stored reply."""
+    from suffixmem.context_gain import ContextGain
+    from suffixmem.conversation.topic import default_detector
+
+    asked: list[tuple[tuple[str, str], str]] = []
+    gain = ContextGain(model_path)
+
+    def recorded(last_turn: tuple[str, str], message: str) -> float:
+        asked.append((last_turn, message))
+        return gain(last_turn, message)
+
+    mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'g.db'}", ManagerConfig(
+        system_prompt="You are a helpful assistant.",
+        topic_detector=default_detector(gain=recorded)))
+    try:
+        mgr.open_session("g")
+        a = mgr.chat("g", "How do I keep basil alive indoors?", max_tokens=24, seed=0)
+        b = mgr.chat("g", "And if the leaves droop after watering?", max_tokens=24, seed=0)
+        c = mgr.chat("g", "What's the fastest way to get rid of hiccups?", max_tokens=8, seed=0)
+        assert [a.topic_jump, b.topic_jump, c.topic_jump] == [False, False, True]
+        assert asked[0] == (("How do I keep basil alive indoors?", a.text),
+                            "And if the leaves droop after watering?")
+        assert asked[-1][0] == ("And if the leaves droop after watering?", b.text)
+        assert c.temperature == 0.0  # a jump is cold
+    finally:
+        mgr.close()
+
+
 def test_context_blocks_are_marked_and_not_stored(manager: ConversationManager,
                                                   engine: FlakyEngine, tmp_path: Path) -> None:
     doc = "The Zorblax festival is held every March in the town of Quimby."

@@ -154,6 +154,26 @@ def test_bench_json_shape() -> None:
     assert r["session_construction"] == "contiguous"
 
 
+@pytest.mark.slow
+def test_bench_with_the_context_gain() -> None:
+    """``bench topics --context-gain``: the gain model fitted on the tuning sets, scored beside
+    the default detector on every set, with the gain's own cost per message."""
+    sys.path.insert(0, str(BENCH))
+    from suffixmem.conversation.topic_signals import GAIN_FEATURES
+    from suffixmem_bench.topics import run_topics
+
+    r = json.loads(json.dumps(run_topics(3, 0, ["english"], context_gain=True)))
+    g = r["context_gain"]
+    assert set(g["model"]) == {*GAIN_FEATURES, "bias", "cutoff"}
+    assert g["calls"] > 100 and 0 < g["ms_p50"] <= g["ms_p99"]
+    for d in r["datasets"].values():
+        assert set(d["context_gain"]) == {"f1", "precision", "recall", "auc", "default_auc"}
+        assert 0 <= d["context_gain"]["f1"] <= 1
+    assert g["f1_min"] == min(d["context_gain"]["f1"] for d in r["datasets"].values())
+    # the default detector's figures do not depend on the flag
+    assert r["datasets"]["natural"]["f1"] == run_topics(3, 0, ["english"])["f1"]
+
+
 def test_similarity_auc_is_one_where_jumps_share_nothing_and_half_where_all_look_alike(
 ) -> None:
     """``bench topics``' per-set ``similarity_auc``: the rule's similarity as a jump score."""

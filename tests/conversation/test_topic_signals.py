@@ -11,7 +11,13 @@ import pytest
 
 from suffixmem.conversation.temperature import SemanticTemperature, check_range, session_range
 from suffixmem.conversation.topic import TopicDetector, TopicState, default_detector
-from suffixmem.conversation.topic_signals import DEFAULT_MODEL, FEATURES, SignalModel
+from suffixmem.conversation.topic_signals import (
+    DEFAULT_MODEL,
+    FEATURES,
+    GAIN_FEATURES,
+    GAIN_MODEL,
+    SignalModel,
+)
 from suffixmem.errors import ConfigError, InvalidRequestError
 
 
@@ -84,6 +90,50 @@ def test_signal_verdicts_use_the_model() -> None:
         state, "ok?").reason == "too little content"
     assert TopicDetector(base.config, base.featurizer, never).observe_user(
         state, "By the way, how tall is Mount Everest?").jump
+
+
+def test_a_context_gain_joins_the_signals_where_the_model_decides() -> None:
+    """A detector with a gain asks it only for messages that reach the signal model, with the
+    session's last turn, and the gain model weighs it; models and gains come in pairs."""
+    asked: list[tuple[tuple[str, str], str]] = []
+
+    def gain(last_turn: tuple[str, str], message: str) -> float:
+        asked.append((last_turn, message))
+        return values[message]
+
+    values = {"Why does the soil need to dry first?": 3.0,
+              "What is the tallest mountain in Europe?": -1.0}
+    detector = default_detector(gain=gain)
+    assert detector.model is GAIN_MODEL and GAIN_MODEL.features == GAIN_FEATURES
+    state = detector.replay([("How often should I water basil?",
+                              "When the top of the soil is dry.")])
+    assert asked == []  # the first turn has no last turn to gain from
+    verdicts = {m: detector.observe_user(state, m) for m in values}
+    assert [m for _, m in asked] == list(values)
+    assert {t for t, _ in asked} == {("How often should I water basil?",
+                                      "When the top of the soil is dry.")}
+    p = {m: v.probability for m, v in verdicts.items()}
+    # the gain weighs against a jump: a follow-up the last turn explains is no jump
+    assert GAIN_MODEL.weights[-1] < 0
+    assert p["Why does the soil need to dry first?"] < p["What is the tallest mountain in Europe?"]
+    # rules before the model never pay for the gain
+    assert detector.observe_user(state, "ok").reason == "too little content"
+    assert detector.observe_user(state, "By the way, is it raining?").reason == "shift marker"
+    assert len(asked) == 2
+    # signals() (the bench's features) carry it as the last feature
+    found = detector.signals(state, "Why does the soil need to dry first?")
+    assert found is not None and len(found[1]) == len(GAIN_FEATURES) and found[1][-1] == 3.0
+    with pytest.raises(ConfigError, match="context gain"):
+        TopicDetector(None, detector.featurizer, GAIN_MODEL)
+    with pytest.raises(ConfigError, match="context gain"):
+        TopicDetector(None, detector.featurizer, DEFAULT_MODEL, gain)
+    with pytest.raises(ConfigError, match="features"):
+        SignalModel((0.0,) * 3, 0.0, features=("a", "b", "c"))
+    # fitting on rows with the gain gives a gain model
+    rng = random.Random(1)
+    x = [[rng.random() for _ in GAIN_FEATURES] for _ in range(200)]
+    fitted = SignalModel.fit(x, [row[-1] < 0.4 for row in x])
+    assert fitted.features == GAIN_FEATURES and fitted.uses_gain and fitted.weights[-1] < 0
 
 
 def test_session_range() -> None:

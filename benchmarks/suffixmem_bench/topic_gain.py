@@ -1,0 +1,80 @@
+"""``bench topics --context-gain``: the detector with the served model's context gain
+(``suffixmem.context_gain``) beside the default one, on the same data sets.
+
+The gain model (``GAIN_FEATURES``: the six signals plus the gain) is fitted exactly as the
+default one, on the same tuning sessions (English chatterbot tuning topics, natural_tune); the
+scored sets are never seen. Each data set's entry gains ``"context_gain": {"f1", "precision",
+"recall", "auc"}`` (``auc``: the fitted probability as a jump score over the turns it decides);
+the report's top level ``"context_gain": {"model", "tune_f1", "ms_p50", "ms_p99", "calls",
+"f1_min"}``, where the times are the gain's own per message (two forwards of the served model),
+the cost it adds to a turn's verdict.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from suffixmem.conversation.topic import TopicDetector, TopicState
+
+
+class MemoGain:
+    """A ``ContextGain`` that remembers each (last turn, message) and times each computation:
+    the gain depends on the texts alone, and the bench asks again for every cutoff it tries."""
+
+    def __init__(self, gain: Any) -> None:
+        self.gain = gain
+        self.memo: dict[tuple[tuple[str, str], str], float] = {}
+        self.ms: list[float] = []
+
+    @classmethod
+    def load(cls, model: str | None = None) -> MemoGain:
+        from suffixmem.context_gain import ContextGain
+        from suffixmem.models import DEFAULT_MODEL
+
+        return cls(ContextGain(model or DEFAULT_MODEL))
+
+    def __call__(self, last_turn: tuple[str, str], message: str) -> float:
+        key = (last_turn, message)
+        hit = self.memo.get(key)
+        if hit is None:
+            t0 = time.perf_counter()
+            hit = self.memo[key] = self.gain(last_turn, message)
+            self.ms.append((time.perf_counter() - t0) * 1000)
+        return hit
+
+    def timing(self) -> dict[str, float]:
+        ms = sorted(self.ms)
+        if not ms:
+            return {"ms_p50": float("nan"), "ms_p99": float("nan"), "calls": 0}
+        return {"ms_p50": round(statistics.median(ms), 2),
+                "ms_p99": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2),
+                "calls": len(ms)}
+
+
+def probability_auc(detector: TopicDetector, sessions: Sequence[Sequence[tuple[str, str, bool]]]
+                    ) -> float:
+    """ROC AUC of the signal model's probability over the turns it decides, each on the
+    detector's own verdicts (as served); NaN when those turns hold one class only."""
+    from sklearn.metrics import roc_auc_score
+
+    ys: list[bool] = []
+    ps: list[float] = []
+    for session in sessions:
+        state = TopicState()
+        for i, (q, a, jump) in enumerate(session):
+            verdict = detector.observe_user(state, q)
+            if i and verdict.probability is not None:
+                ys.append(jump)
+                ps.append(verdict.probability)
+            detector.add_turn(state, q, a, verdict.jump)
+    return float(roc_auc_score(ys, ps)) if len(set(ys)) == 2 else float("nan")
+
+
+def summary(model: Any, tune_f1: float, gain: MemoGain,
+            datasets: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    scored = [d["context_gain"]["f1"] for d in datasets.values() if "context_gain" in d]
+    return {"model": model.describe(), "tune_f1": round(tune_f1, 4), **gain.timing(),
+            "f1_min": min(scored) if scored else None}
