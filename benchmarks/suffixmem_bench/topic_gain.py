@@ -73,6 +73,20 @@ def probability_auc(detector: TopicDetector, sessions: Sequence[Sequence[tuple[s
     return float(roc_auc_score(ys, ps)) if len(set(ys)) == 2 else float("nan")
 
 
+def scores(detector: TopicDetector, gain_model: Any, gain: MemoGain,
+           sessions: Sequence[Sequence[tuple[str, str, bool]]]) -> dict[str, float]:
+    """One data set's ``context_gain`` entry: the gain detector (``detector``'s featurizer,
+    ``gain_model``) on its own verdicts, and both detectors' probability AUCs."""
+    from suffixmem_bench.topics import evaluate
+
+    with_gain = TopicDetector(None, detector.featurizer, gain_model, gain)
+    g = evaluate(with_gain, sessions)
+    return {"f1": round(g["f1"], 4), "precision": round(g["precision"], 4),
+            "recall": round(g["recall"], 4),
+            "auc": round(probability_auc(with_gain, sessions), 4),
+            "default_auc": round(probability_auc(detector, sessions), 4)}
+
+
 def summary(model: Any, tune_f1: float, gain: MemoGain,
             datasets: dict[str, dict[str, Any]]) -> dict[str, Any]:
     scored = [d["context_gain"]["f1"] for d in datasets.values() if "context_gain" in d]

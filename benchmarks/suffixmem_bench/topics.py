@@ -26,7 +26,8 @@ set near it carries little topic signal), ``similarity_auc`` (the rule's similar
 score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the set's jumps);
 ``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped default
 detector on a 50-turn session in a fresh interpreter (what serving adds; this process also
-holds the corpus and the bench's own torch probe).
+holds the corpus and the bench's own torch probe). ``--context-gain`` adds the detector with
+the served model's context gain beside the default one (``topic_gain``).
 """
 
 from __future__ import annotations
@@ -355,13 +356,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         if topics is not None:  # the topic files its sessions switch between
             datasets[name]["topics"] = topics
         if gain is not None:
-            with_gain = TopicDetector(None, detector.featurizer, gain_model, gain)
-            g = evaluate(with_gain, sessions)
-            d["context_gain"] = {
-                "f1": round(g["f1"], 4), "precision": round(g["precision"], 4),
-                "recall": round(g["recall"], 4),
-                "auc": round(topic_gain.probability_auc(with_gain, sessions), 4),
-                "default_auc": round(topic_gain.probability_auc(detector, sessions), 4)}
+            d["context_gain"] = topic_gain.scores(detector, gain_model, gain, sessions)
 
     for lang in langs:
         pool = pools(lang, test_names, utterances(tune_pools[lang]))
