@@ -378,10 +378,17 @@ class TopicDetector:
         state.turns += 1
 
     def replay(self, turns: Sequence[tuple[str, str]]) -> TopicState:
-        """The state after ``turns`` (user, assistant), re-detecting their jumps."""
+        """The state after ``turns`` (user, assistant), re-detecting their jumps. With a
+        context gain the past turns are re-detected without it (``DEFAULT_MODEL``'s six
+        signals): their verdicts only shape the state, and a gain per stored turn (two
+        forwards of the model each) would make a cold session's first verdict take seconds."""
+        judge = self
+        if self.gain is not None:
+            judge = TopicDetector(self.config, self.featurizer,
+                                  DEFAULT_MODEL if self.model is not None else None)
         state = TopicState()
         for user, assistant in turns:
-            verdict = self.observe_user(state, user)
+            verdict = judge.observe_user(state, user)
             self.add_turn(state, user, assistant, verdict.jump)
         return state
 

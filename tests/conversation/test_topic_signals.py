@@ -120,6 +120,17 @@ def test_a_context_gain_joins_the_signals_where_the_model_decides() -> None:
     assert detector.observe_user(state, "ok").reason == "too little content"
     assert detector.observe_user(state, "By the way, is it raining?").reason == "shift marker"
     assert len(asked) == 2
+    # a replayed history is re-detected without the gain (a cold session's first verdict
+    # would otherwise pay one gain per stored turn); the new message still gets it
+    asked.clear()
+    values["Is the soil's dryness what matters most?"] = 2.0
+    replayed = detector.detect([("How often should I water basil?",
+                                 "When the top of the soil is dry."),
+                                ("Why does the soil need to dry first?", "Roots rot.")],
+                               "Is the soil's dryness what matters most?")
+    assert [m for _, m in asked] == ["Is the soil's dryness what matters most?"]
+    assert asked[0][0] == ("Why does the soil need to dry first?", "Roots rot.")
+    assert replayed.reason == "signals"
     # signals() (the bench's features) carry it as the last feature
     found = detector.signals(state, "Why does the soil need to dry first?")
     assert found is not None and len(found[1]) == len(GAIN_FEATURES) and found[1][-1] == 3.0
