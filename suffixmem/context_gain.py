@@ -18,9 +18,9 @@ the signal model (``topic_signals.GAIN_MODEL``).
 Cost: two forward passes of the served model per message that reaches the signal model (the
 last turn plus the message, and the message alone: at most ``max_context`` + ``max_message``
 tokens), each ~0.35 ms per token plus ~18 ms of per-layer overhead on the 2-core CPU this
-project measures on: ~75 ms a message for the default model (``bench topics --context-gain``
-reports it). When the semantic temperature decides a turn, that is before the engine starts, so
-this is an opt-in for accuracy, not the default. The weights are the served model's, loaded
+project measures on: 75-90 ms a message for the default model (``bench topics --context-gain``
+reports it). When the semantic temperature decides a turn, that is before the engine starts,
+so this is an opt-in for accuracy, not the default. The weights are the served model's, loaded
 from its local folder (no download), a second copy in memory.
 """
 
@@ -53,6 +53,10 @@ class ContextGain:
                               f"{max_context} and {max_message}")
         import torch
 
+        torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ConfigError(f"unknown dtype {dtype!r}: give a torch dtype's name, such as "
+                              "'bfloat16' or 'float32'")
         if isinstance(model, tuple):
             self.model, self.tokenizer = model
         else:
@@ -62,10 +66,6 @@ class ContextGain:
 
             path = resolve_model(str(model), progress=False)
             self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-            try:
-                torch_dtype = getattr(torch, dtype)
-            except AttributeError:
-                raise ConfigError(f"unknown dtype {dtype!r}") from None
             self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
         self.model.eval()
         self._decoder = self.model.get_decoder()  # the layers, without the vocabulary head
@@ -74,7 +74,7 @@ class ContextGain:
         self.max_message = max_message
         self._lock = threading.Lock()
         self._torch = torch
-        # the two prefixes' fixed parts, rendered once: the system turn, and the user header
+        # the message-alone prefix (system turn, user header) never changes: rendered once
         self._alone_prefix = self._prefix_ids([])
 
     # -- rendering -------------------------------------------------------------------------------

@@ -60,5 +60,6 @@ def test_limits(gain: ContextGain, model_path: Path) -> None:
         short(BASIL, "And if the leaves droop?"), abs=1e-5)
     with pytest.raises(ConfigError, match="max_context"):
         ContextGain((gain.model, gain.tokenizer), max_context=1)
-    with pytest.raises(ConfigError, match="dtype"):
-        ContextGain(model_path, dtype="float12")
+    for bad in ("float12", "ones"):  # no such attribute; an attribute that is no dtype
+        with pytest.raises(ConfigError, match="dtype"):
+            ContextGain(model_path, dtype=bad)
