@@ -64,10 +64,30 @@ UPSTREAM = typer.Option(
     None, "--upstream", help="vLLM server URL for --engine remote (repeat for replicas).")
 
 
+CONTEXT_GAIN = typer.Option(
+    False, "--context-gain", help="Topic jumps also weigh the served model's context gain "
+    "(more accurate on conversation, ~80 ms a turn on a 2-core CPU; docs/conversation.md).")
+
+
+def _manager_config(model: str, context_gain: bool, **fields: Any) -> Any:
+    """``ManagerConfig(**fields)``; with ``context_gain`` its topic detector also weighs the
+    served model's context gain (``suffixmem.context_gain``: loads the model a second time)."""
+    from suffixmem.conversation.manager_config import ManagerConfig
+
+    if context_gain:
+        from suffixmem.context_gain import ContextGain
+        from suffixmem.conversation.topic import default_detector
+
+        fields["topic_detector"] = default_detector(gain=ContextGain(model))
+    return ManagerConfig(**fields)
+
+
 def _make_manager(engine_name: str, model: str, database: str, max_model_len: int,
-                  upstream: list[str] | None = None) -> Any:
+                  upstream: list[str] | None = None, context_gain: bool = False) -> Any:
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
+
+    config = _manager_config(model, context_gain)  # before the engine: its errors are cheap
 
     if engine_name == "remote":
         if not upstream:
@@ -80,7 +100,7 @@ def _make_manager(engine_name: str, model: str, database: str, max_model_len: in
     else:
         engine = create_engine(engine_name, model=model, max_model_len=max_model_len)
     try:
-        mgr = ConversationManager(engine, database_url=database)
+        mgr = ConversationManager(engine, database_url=database, config=config)
         # Load the topic detector (scikit-learn and the shipped IDF, about a second) now rather
         # than inside the first turn, so the first reply's TTFT is the engine's.
         with err_console.status("preparing the topic detector"):
@@ -154,6 +174,7 @@ def chat(
         None, help="Sampling temperature (default: the session's semantic temperature)."),
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
+    context_gain: bool = CONTEXT_GAIN,
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new)
@@ -164,7 +185,7 @@ def chat(
         # instead of a UnicodeDecodeError that would end the REPL
         sys.stdin.reconfigure(errors="surrogateescape")
     with err_console.status(f"starting the {engine} engine on {model} ..."), quiet_stdout():
-        mgr = _make_manager(engine, model, url, max_model_len, upstream)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream, context_gain)
     try:
         sid = _session_to_use(mgr, session, new)
         info = (mgr.get_session(sid) if sid is not None and not new
@@ -230,6 +251,7 @@ def ask(
         None, help="Sampling temperature (default: the session's semantic temperature)."),
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
+    context_gain: bool = CONTEXT_GAIN,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """One-shot question; the turn is stored (a new session unless --session names one) and
@@ -239,7 +261,7 @@ def ask(
     if not text.strip():
         raise InvalidRequestError("the message is empty")
     with quiet_stdout():  # engine start-up logs go to stderr
-        mgr = _make_manager(engine, model, url, max_model_len, upstream)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream, context_gain)
     try:
         sid = _session_to_use(mgr, session, new) or uuid.uuid4().hex
         # create=True: the session row is written with the turn's commit, never before it
@@ -286,6 +308,7 @@ def serve(
     durability: str = typer.Option(
         "async", help="When a finished turn is stored: async (just after the reply; the "
         "default) or sync (before it is sent). See docs/conversation.md."),
+    context_gain: bool = CONTEXT_GAIN,
 ) -> None:
     """OpenAI-compatible HTTP server with sessions and a web chat page at / (see
     docs/server.md)."""
@@ -310,7 +333,8 @@ def serve(
                              if k.strip()])
     config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,
                           served_model_name=served_model_name)
-    manager_config = ManagerConfig(durability=durability)  # checked before anything starts
+    ManagerConfig(durability=durability)  # checked before anything starts (the model too)
+    manager_config = _manager_config(model, context_gain, durability=durability)
     err_console.print(f"suffixmem: serving on http://{host}:{port} "
                       f"({'API key required' if keys else 'no API key'})")
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,

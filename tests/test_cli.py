@@ -103,6 +103,23 @@ def test_ask_checks_the_database_before_starting_the_engine(tmp_path: Path) -> N
                     "cannot open the database")
 
 
+def test_context_gain_option_builds_the_gain_detector(tmp_path: Path) -> None:
+    """``--context-gain`` (chat, ask, serve): the manager's detector weighs the served model's
+    gain; a model it cannot load is a one-line error before any engine starts."""
+    from suffixmem.cli import _manager_config
+    from suffixmem.context_gain import ContextGain
+    from suffixmem.conversation.topic_signals import GAIN_MODEL
+
+    config = _manager_config("smollm2-135m-instruct", True, durability="sync")
+    detector = config.topic_detector
+    assert isinstance(detector.gain, ContextGain) and detector.model is GAIN_MODEL
+    assert config.durability == "sync"
+    assert _manager_config("smollm2-135m-instruct", False).topic_detector is None
+    for command in (["ask", "hi"], ["serve"]):
+        _one_line_error(_run([*command, "--context-gain", "--model", str(tmp_path / "none")],
+                             tmp_path / "x"), "none")
+
+
 @pytest.mark.slow
 def test_ask_json_then_continue_the_session(tmp_path: Path) -> None:
     db = tmp_path / "db.sqlite"
