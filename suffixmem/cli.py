@@ -70,16 +70,20 @@ CONTEXT_GAIN = typer.Option(
 
 
 def _manager_config(model: str, context_gain: bool, **fields: Any) -> Any:
-    """``ManagerConfig(**fields)``; with ``context_gain`` its topic detector also weighs the
-    served model's context gain (``suffixmem.context_gain``: loads the model a second time)."""
+    """``ManagerConfig(**fields)``, checked first (before a model loads); with
+    ``context_gain`` its topic detector also weighs the served model's context gain
+    (``suffixmem.context_gain``: loads the model a second time)."""
+    import dataclasses
+
     from suffixmem.conversation.manager_config import ManagerConfig
 
-    if context_gain:
-        from suffixmem.context_gain import ContextGain
-        from suffixmem.conversation.topic import default_detector
+    config = ManagerConfig(**fields)
+    if not context_gain:
+        return config
+    from suffixmem.context_gain import ContextGain
+    from suffixmem.conversation.topic import default_detector
 
-        fields["topic_detector"] = default_detector(gain=ContextGain(model))
-    return ManagerConfig(**fields)
+    return dataclasses.replace(config, topic_detector=default_detector(gain=ContextGain(model)))
 
 
 def _make_manager(engine_name: str, model: str, database: str, max_model_len: int,
@@ -314,8 +318,6 @@ def serve(
     docs/server.md)."""
     import os
 
-    from suffixmem.conversation.manager_config import ManagerConfig
-
     try:
         from suffixmem.server import ServerConfig
         from suffixmem.server import serve as run_server
@@ -333,7 +335,7 @@ def serve(
                              if k.strip()])
     config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,
                           served_model_name=served_model_name)
-    ManagerConfig(durability=durability)  # checked before anything starts (the model too)
+    # checked before anything starts
     manager_config = _manager_config(model, context_gain, durability=durability)
     err_console.print(f"suffixmem: serving on http://{host}:{port} "
                       f"({'API key required' if keys else 'no API key'})")

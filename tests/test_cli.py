@@ -109,12 +109,15 @@ def test_context_gain_option_builds_the_gain_detector(tmp_path: Path) -> None:
     from suffixmem.cli import _manager_config
     from suffixmem.context_gain import ContextGain
     from suffixmem.conversation.topic_signals import GAIN_MODEL
+    from suffixmem.errors import ConfigError
 
     config = _manager_config("smollm2-135m-instruct", True, durability="sync")
     detector = config.topic_detector
     assert isinstance(detector.gain, ContextGain) and detector.model is GAIN_MODEL
     assert config.durability == "sync"
     assert _manager_config("smollm2-135m-instruct", False).topic_detector is None
+    with pytest.raises(ConfigError, match="durability"):  # before the model loads
+        _manager_config(str(tmp_path / "none"), True, durability="never")
     for command in (["ask", "hi"], ["serve"]):
         _one_line_error(_run([*command, "--context-gain", "--model", str(tmp_path / "none")],
                              tmp_path / "x"), "none")
