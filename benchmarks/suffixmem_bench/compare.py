@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from suffixmem_bench.measure import finite_number
+
 Figure = tuple[float, float, float]  # median, min, max
 
 
@@ -37,15 +39,15 @@ def figures(report: Any, path: str = "") -> Iterator[tuple[str, Figure]]:
         return
     if {"median", "min", "max"} <= report.keys():
         fig = (report["median"], report["min"], report["max"])
-        if all(_finite(v) for v in fig):
+        if all(finite_number(v) for v in fig):
             yield path, tuple(float(v) for v in fig)  # type: ignore[misc]
         return
     spreads = report.get("spread")
     if isinstance(spreads, dict):
         for key, bounds in spreads.items():
             value = report.get(key)
-            if (isinstance(bounds, list | tuple) and len(bounds) == 2 and _finite(value)
-                    and all(_finite(b) for b in bounds)):
+            if (isinstance(bounds, list | tuple) and len(bounds) == 2 and finite_number(value)
+                    and all(finite_number(b) for b in bounds)):
                 yield _join(path, key), (float(value), float(bounds[0]), float(bounds[1]))
     for key, value in report.items():
         if key not in ("spread", "runs"):
@@ -72,10 +74,6 @@ def compare(published: Any, rerun: Any, only: Sequence[str] = ()) -> dict[str, A
                             "move": new / median - 1 if median else math.inf})
     return {"figures": compared, "inside": compared - len(outside), "outside": outside,
             "missing": missing, "survives": not outside and not missing}
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _join(path: str, key: str) -> str:

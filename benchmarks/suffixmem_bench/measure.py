@@ -54,9 +54,14 @@ def check_repeats(repeats: int) -> int:
     return repeats
 
 
+def finite_number(v: Any) -> bool:
+    """Whether ``v`` is a finite int or float (a bool is a flag, not a figure)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def spread(values: Sequence[float]) -> dict[str, Any]:
     """``{"median", "min", "max", "runs"}`` of the finite ``values`` (NaN when none)."""
-    xs = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    xs = [float(v) for v in values if finite_number(v)]
     if not xs:
         return {"median": math.nan, "min": math.nan, "max": math.nan, "runs": []}
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from suffixmem_bench.measure import finite_number
+
 # Figures of a configuration that have a ratio to naive; the others are descriptive.
 RATIO_KEYS: tuple[str, ...] = (
     "ttft_p50_s", "ttft_p50_from_turn8_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s",
@@ -214,10 +216,6 @@ def _round_ratios(figures: dict[str, Any], base: dict[str, Any], key: str) -> li
     return ratios if all(math.isfinite(r) for r in ratios) else []
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
-
-
 def same_isolation_peer(config: str) -> str:
     """The stock vLLM configuration with ``config``'s isolation: ``vllm_direct`` (one cache
     for all sessions) for the ``app`` scope, else ``vllm_direct_salted`` (a cache a session)."""
@@ -253,7 +251,7 @@ def evaluate_targets(configs: dict[str, dict[str, Any]], workload: str) -> dict[
                 results[cfg] = {"passed": None, "why": "reference configuration did not run"}
                 continue
             value, limit, passed = test(fig, need)
-            if not (_finite(value) and _finite(limit)):
+            if not (finite_number(value) and finite_number(limit)):
                 passed = None
             results[cfg] = {"value": value, "limit": limit, "passed": passed}
             if peer is not None:
@@ -306,7 +304,7 @@ def evaluate_targets(configs: dict[str, dict[str, Any]], workload: str) -> dict[
 
 
 def _at_most(value: Any, limit: float) -> tuple[Any, float, bool]:
-    return value, limit, _finite(value) and value <= limit
+    return value, limit, finite_number(value) and value <= limit
 
 
 def _all(values: list[bool | None]) -> bool | None:
@@ -331,7 +329,7 @@ def merge_repeats(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key, v in runs[0].items():
         if isinstance(v, bool) or not isinstance(v, int | float):
             continue
-        xs = [float(r[key]) for r in runs if _finite(r.get(key))]
+        xs = [float(r[key]) for r in runs if finite_number(r.get(key))]
         if not xs:
             continue
         out[key] = percentile(xs, 50)
