@@ -123,14 +123,46 @@ def markdown_table(report: dict[str, Any]) -> str:
         for t in targets.values():
             for cfg, r in t["configs"].items():
                 verdict = {True: "pass", False: "**FAIL**", None: "n/a"}[r.get("passed")]
+                how = " (paired)" if r.get("method") == "paired" else ""
                 lines.append(
-                    f"| {t['rule']} | {cfg} | {_num(r.get('value'), '.4g')} | "
+                    f"| {t['rule']} | {cfg}{how} | {_num(r.get('value'), '.4g')} | "
                     f"{_num(r.get('limit'), '.4g')} | {verdict} |")
+    lines += _same_engine_lines(report.get("same_engine") or {})
     absent = {k: v for k, v in configs.items() if v.get("status") != "ok"}
     if absent:
         lines += [""] + [f"- **{k}**: {v['status']} — {v.get('reason', '')}"
                          for k, v in absent.items()]
     return "\n".join(lines) + "\n"
+
+
+def _same_engine_lines(pairs: dict[str, Any]) -> list[str]:
+    """The pairs on one engine (``same_engine``): both arms' figures and the ratios."""
+    if not pairs:
+        return []
+    lines = ["", "Paired on one engine with the stock peer at the same isolation, "
+             "interleaved (median [min–max] over rounds):", "",
+             "| configuration | peer | TTFT p50 from turn 8, ms (ours / peer) | output tok/s "
+             "(ours / peer) | TTFT ratio (paired) | throughput ratio | overhead p50 / p99 ms |",
+             "|---|---|---|---|---:|---:|---|"]
+    for name, p in pairs.items():
+        if p.get("status") != "ok":
+            lines.append(f"| {name} | {p.get('peer')} | {p.get('status')}: "
+                         f"{p.get('reason', '')} | | | | |")
+            continue
+        ours, stock = p["arms"]["suffixmem"], p["arms"]["stock"]
+
+        def fig(a: dict[str, Any], key: str) -> str:
+            x = a[key]
+            return f"{_num(x['median'], '.1f')} [{_num(x['min'], '.1f')}–{_num(x['max'], '.1f')}]"
+
+        lines.append(
+            f"| {name} | {p['peer']} | {fig(ours, 'ttft_p50_from_turn8_ms')} / "
+            f"{fig(stock, 'ttft_p50_from_turn8_ms')} | {fig(ours, 'output_tok_s')} / "
+            f"{fig(stock, 'output_tok_s')} | {_num(p['ttft_ratio_p50'], '.3f')} "
+            f"({p['turns']} {p['unit']}s) | {_num(p['throughput_ratio'], '.3f')} | "
+            f"{_num(ours.get('manager_overhead_ms_p50'), '.2f')} / "
+            f"{_num(ours.get('manager_overhead_ms_p99'), '.2f')} |")
+    return lines
 
 
 def markdown_report(report: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from suffixmem_bench.chat import same_engine
 from suffixmem_bench.chat.child import run_lockstep, run_one
 from suffixmem_bench.chat.configs import BASELINES, CONFIGS, DEFAULT_CONFIGS
 from suffixmem_bench.chat.metrics import (
@@ -85,6 +86,7 @@ def run_chat(
     keep_db: Path | None = None,
     segment_method: str | None = None,
     lockstep: bool = False,
+    paired: bool = True,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run the benchmark; returns the report and every turn's record (with its config name
     and repeat). Configurations run as alternating processes (``measure``): every
@@ -185,13 +187,26 @@ def run_chat(
                 # skipped or failed turns
                 bar.update(task, advance=per_config // repeats - len(records))
                 keep(rep, name, figures, records)
-    results = {name: merge_repeats(rs) for name, rs in rounds.items()}
+        results = {name: merge_repeats(rs) for name, rs in rounds.items()}
+        pairs: dict[str, Any] = {}
+        if paired and pinned is None and (names := same_engine.pairs_to_run(results)):
+            task = bar.add_task("paired on one engine", total=None)
+
+            def step(name: str, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total,
+                           description=f"paired on one engine: {name}")
+
+            pairs = same_engine.run_pairs(names, workload, options, repeats, concurrent,
+                                          progress=step if progress else None)
     for baseline in BASELINES:  # the strongest baseline's ratios first in the JSON
         add_ratios(results, baseline)
+    targets = (pinned.targets(results) if pinned is not None
+               else evaluate_targets(results, workload.name))
+    same_engine.apply(targets, pairs)
     report = {
         "configs": results,
-        "targets": (pinned.targets(results) if pinned is not None
-                    else evaluate_targets(results, workload.name)),
+        "targets": targets,
+        "same_engine": pairs,
         "workload": {
             "name": workload.name, "mode": workload.mode, "sessions": sessions, "turns": turns,
             "max_tokens": max_tokens, "system_tokens": workload.system_tokens,
@@ -200,6 +215,7 @@ def run_chat(
             "threads": options.threads, "repeats": repeats,
             "segment_method": segment_method,
             "interleave": "lockstep" if lockstep else "process",
+            "paired": sorted(pairs),
         },
         "baselines": [b for b in BASELINES if results.get(b, {}).get("status") == "ok"],
         **ctx.fields(),
@@ -284,6 +300,10 @@ def register(bench: typer.Typer) -> None:
             False, "--lockstep", help="All of a round's configurations alive at once, stepped "
             "turn by turn (waves when --concurrent) in a shuffled order: finer interleaving, "
             "more memory."),
+        paired: bool = typer.Option(
+            True, "--paired/--no-paired", help="Afterwards, pair each suffixmem configuration "
+            "on the vLLM engine with its stock peer on one engine, turn by turn (the ratios "
+            "that decide issue 19's speed targets; default and long workloads)."),
         segment_method: str | None = typer.Option(
             None, help="Recompute method of the segment-reuse configurations, a BlendConfig "
             "label (k16, k16-q0.4, k16-p0.1; default: the engine's)."),
@@ -348,7 +368,7 @@ def register(bench: typer.Typer) -> None:
             kv_cache_gib=kv_cache_gib, threads=threads, timeout_s=timeout,
             workload_name=workload_name or None, repeats=repeats,
             keep_db=Path(keep_db) if keep_db else None, segment_method=segment_method,
-            lockstep=lockstep,
+            lockstep=lockstep, paired=paired,
         )
         folder = (Path(out) / workload_name if workload_name
                   else default_out_dir(Path(out), long, concurrent))
