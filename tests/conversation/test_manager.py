@@ -290,8 +290,6 @@ def test_topic_jump_lowers_temperature_and_releases(manager: ConversationManager
                      max_tokens=6, seed=0)
     # SmolLM2's range: hot 0.2 (its recommended temperature), cold greedy, +0.05 per turn
     assert c.topic_jump and c.temperature == 0.0
-    # the verdict came while the engine prefilled (late temperature): released in the background
-    manager.flush()
     assert engine.released == ["topic"]
     assert manager.get_session("topic").temperature == 0.0
     d = manager.chat("topic", "Wie lange backe ich den Schokoladenkuchen mit Kirschen?",
