@@ -84,11 +84,6 @@ class TurnPath:
         if "temperature" not in plan.spec.sampling:  # an explicit temperature always wins
             plan.sampling = dataclasses.replace(plan.sampling, temperature=plan.temperature)
 
-    def _late_temperature(self, plan: Plan, topic: Job) -> float:
-        """The turn's ``temperature_later``: its verdict decided, the sampling temperature."""
-        self._decide(plan, topic.run())
-        return plan.sampling.temperature
-
     def _update_topic(self, plan: Plan, reply: str) -> None:
         try:
             self.topics.advance(plan, reply)
@@ -112,12 +107,8 @@ class TurnPath:
             topic = self._topic_job(plan)
             # the caller fixed the temperature: the verdict does not affect generation
             alongside = "temperature" in plan.spec.sampling
-            late: Job | None = None
             if alongside:
                 self._background.put(topic)
-            elif getattr(self.engine, "late_temperature", False):
-                # only sampling needs the verdict: the engine runs it while it prefills
-                late = Job(lambda: self._late_temperature(plan, topic), "late temperature")
             else:
                 self._decide(plan, topic.run())
                 if plan.verdict.jump and sid is not None:
@@ -129,8 +120,7 @@ class TurnPath:
             result: Result | None = None
             kicked = False
             for event in stream_turn(self.engine, plan, self.config.exact,
-                                     self.config.context_shift, self.rag_reuse,
-                                     None if late is None else late.run):
+                                     self.config.context_shift, self.rag_reuse):
                 if isinstance(event, Result):
                     result = event
                     continue
@@ -142,8 +132,6 @@ class TurnPath:
             done = time.perf_counter()
             if alongside:
                 self._decide(plan, topic.run())  # usually finished during generation
-            elif late is not None:
-                late.run()  # ran during the prefill; re-raises the verdict's failure
             messages, text = turn_messages(plan, result, self.engine, self.counter.count,
                                            counting.run())
             if sid is not None:
@@ -156,8 +144,7 @@ class TurnPath:
                 else:  # stored by the worker; this process's next read of sid waits for it
                     self._background.put(self.store.commit_later(sid, messages, event, **state))
                 self._versions[sid] = self._versions.get(sid, 0) + 1
-                self._bookkeep(sid, plan, result, text,
-                               release_engine=alongside or late is not None)
+                self._bookkeep(sid, plan, result, text, release_engine=alongside)
             overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)
             turn = turn_result(plan, result, text, overhead)
         yield turn

@@ -5,14 +5,10 @@
    prompt token ids and ``Segment`` marks; the sampling values are checked.
 2. **Topic** (under the session's lock, see ``locks``): the topic verdict (cached per session,
    so one ``observe_user`` per turn) decides the session's semantic temperature. When the
-   caller did not fix ``temperature`` the verdict must precede sampling, not the prompt: on an
-   engine with ``late_temperature`` (vLLM, torch) the request goes out with the verdict as its
-   ``temperature_later``, which the engine runs while it prefills and reads before the first
-   sampled token (``engine/late_temperature.py``); elsewhere it runs before the engine starts
-   (a jump then first releases the session's cached segments). When the caller fixed it,
-   nothing of the prompt or the sampling depends on the verdict: it runs in the background
-   while the engine generates. Either way it is collected before the commit, and a jump's
-   release of the engine's segments then goes to the background.
+   caller did not fix ``temperature`` the verdict must precede sampling, so it runs before the
+   engine starts (a jump then first releases the session's cached segments). When the caller
+   fixed it, nothing of the prompt or the sampling depends on the verdict: it runs in the
+   background while the engine generates and is collected before the commit.
 3. **Run**: the engine streams (the lock is held only while the turn runs). The token counts
    of the messages to store are computed in the background meanwhile (only the commit needs
    them).
@@ -37,7 +33,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -159,8 +155,7 @@ def build_prompt(layout: Layout, engine: Any, spec: TurnSpec, max_model_len: int
 
 
 def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = False,
-                rag_reuse: bool = False, temperature_later: Callable[[], float] | None = None,
-                ) -> Iterator[TokenEvent | Result]:
+                rag_reuse: bool = False) -> Iterator[TokenEvent | Result]:
     """The engine's events for ``plan``; an early close or failure closes the engine stream
     (which aborts the request). Raises unless generation completed. ``exact=False`` lets the
     engine reuse the prompt's document segments approximately. With ``exact``, two workload
@@ -171,8 +166,7 @@ def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = Fals
     (``TurnSpec.trimmed``), dropped old ones; ``rag_reuse`` sends a rewritten history whose
     system prompt carries passages (this turn's retrieval) with those passages marked, so
     that they and the history are reused at their new positions. Any other rewritten history
-    (an edited conversation under a plain system prompt) stays exact: no gate measured it.
-    ``temperature_later``: the request's (the topic step's, ``turn_path``)."""
+    (an edited conversation under a plain system prompt) stays exact: no gate measured it."""
     spec = plan.spec
     rewritten = spec.replace and not spec.trimmed
     segments = plan.prompt.segments
@@ -190,7 +184,6 @@ def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = Fals
     request = Request(
         session_key=plan.spec.key, token_ids=plan.prompt.token_ids, sampling=plan.sampling,
         segments=segments, exact=exact and not (shift or rag),
-        temperature_later=temperature_later,
     )
     events = engine.stream(request)
     result: Result | None = None

@@ -20,7 +20,6 @@ Contract for subclasses (``VLLMEngine``, ``TorchEngine``):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -33,7 +32,6 @@ from typing import Any, TypeVar
 
 from suffixmem import heap
 from suffixmem.chat_template import ChatTemplate
-from suffixmem.engine.late_temperature import resolve
 from suffixmem.engine.protocol import (
     EngineStats,
     Message,
@@ -93,7 +91,6 @@ class BaseEngine(ABC):
     model_name: str = ""
     max_model_len: int = 0
     supports_json_schema: bool = False
-    late_temperature: bool = False  # binds Request.temperature_later while it prefills
     tokenizer: Any
     template: ChatTemplate
 
@@ -174,11 +171,6 @@ class BaseEngine(ABC):
         """Check and prepare now (errors raise here), then stream events and the ``Result``."""
         if self._closed:
             raise EngineClosedError(f"engine {self.name!r} is closed")
-        if request.temperature_later is not None and not self.late_temperature:
-            # this engine cannot bind it late: resolve it now (late_temperature.py)
-            request = dataclasses.replace(request, temperature_later=None, sampling=(
-                dataclasses.replace(request.sampling,
-                                    temperature=resolve(request.temperature_later))))
         ids = self.prompt_ids(request)
         try:
             payload = self._prepare(request, ids)

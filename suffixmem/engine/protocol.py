@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -180,10 +180,7 @@ class Request:
 
     ``session_key`` namespaces the cache: another key never reuses this one's KV.
     ``exact`` disables approximate reuse (segments at new positions): output then equals a run
-    without any cache. ``temperature_later``: a callable that returns the sampling temperature,
-    used instead of ``sampling.temperature``; engines whose ``late_temperature`` is true call it
-    while they prefill, others before they queue the request (``late_temperature.py``, whose
-    contract it must meet: idempotent, thread-safe).
+    without any cache.
     """
 
     session_key: str
@@ -193,7 +190,6 @@ class Request:
     segments: tuple[Segment, ...] = ()
     exact: bool = True
     request_id: str = field(default_factory=_new_request_id)
-    temperature_later: Callable[[], float] | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -210,9 +206,6 @@ class Request:
         self.sampling.check()
         if not isinstance(self.exact, bool):
             raise InvalidRequestError(f"exact must be a bool, got {self.exact!r}")
-        if self.temperature_later is not None and not callable(self.temperature_later):
-            raise InvalidRequestError("temperature_later must be a callable returning a "
-                                      "temperature")
         if (self.messages is None) == (self.token_ids is None):
             raise InvalidRequestError("give exactly one of messages or token_ids")
         if self.messages is not None:

@@ -24,7 +24,6 @@ from typing import Any
 from suffixmem.config import EngineConfig, cuda_available
 from suffixmem.engine.base import BaseEngine
 from suffixmem.engine.isolation import IsolationPolicy
-from suffixmem.engine.late_temperature import resolve
 from suffixmem.engine.protocol import Request, Result, TokenEvent
 from suffixmem.errors import ConfigError
 from suffixmem.models import resolve_model
@@ -80,7 +79,6 @@ class VLLMEngine(BaseEngine):
 
     name = "vllm"
     supports_json_schema = True
-    late_temperature = True  # vllm_late_temperature.py
 
     # vLLM keeps its distributed state (parallel groups) per process: shutting one in-process
     # engine core down tears it down under every other engine still alive in the process
@@ -128,11 +126,6 @@ class VLLMEngine(BaseEngine):
         if config.kv_tier:
             args["kv_transfer_config"] = self._tier_transfer_config(config)
         args.update(config.extra)
-        from suffixmem.engine.vllm_late_temperature import LateTemperatureProcessor
-
-        # late temperatures (late_temperature.py), beside any processors the caller configured
-        args["logits_processors"] = [*(args.get("logits_processors") or ()),
-                                     LateTemperatureProcessor]
 
         def setup() -> None:
             # vLLM is built in the driver thread that steps it: its CPU worker binds the OpenMP
@@ -242,15 +235,8 @@ class VLLMEngine(BaseEngine):
         extra: dict[str, Any] = {}
         if s.json_schema is not None:
             extra["structured_outputs"] = StructuredOutputsParams(json=s.json_schema)
-        temperature = s.temperature
-        if request.temperature_later is not None:
-            # vllm_late_temperature.py: sampled at temperature 1 after its processor's scaling
-            from suffixmem.engine.vllm_late_temperature import KEY
-
-            temperature = 1.0
-            extra["extra_args"] = {KEY: request.request_id}
         params = VSamplingParams(
-            temperature=temperature,
+            temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else 0,
             max_tokens=s.max_tokens,
@@ -275,57 +261,41 @@ class VLLMEngine(BaseEngine):
                 payload: Any) -> Iterator[TokenEvent | Result]:
         rid = request.request_id
         t0 = time.perf_counter()
-        late = request.temperature_later
-        if late is not None:
-            from suffixmem.engine import vllm_late_temperature
-
-            vllm_late_temperature.register(rid, late)
-        try:
-            with self._exchange(rid, payload) as flight:
-                if late is not None:
-                    resolve(late)  # here, while the driver prefills (late_temperature.py)
-                yield from self._events(request, prompt_ids, flight, t0)
-        finally:
-            if late is not None:
-                vllm_late_temperature.unregister(rid)
-
-    def _events(self, request: Request, prompt_ids: list[int], flight: Any,
-                t0: float) -> Iterator[TokenEvent | Result]:
-        """The stream of one queued request, from its outbox."""
         ttft = 0.0
         ids: list[int] = []
         text: list[str] = []
-        while not flight.done:
-            out = flight.get()
-            comp = out.outputs[0]
-            new_ids = list(comp.token_ids)
-            if new_ids and not ids:
-                ttft = time.perf_counter() - t0
-            finished = bool(out.finished)
-            if finished:
-                flight.finish()
-            if finished and comp.finish_reason == "stop" and new_ids and \
-                    new_ids[-1] == self.template.eos_token_id and comp.stop_reason is None:
-                new_ids = new_ids[:-1]  # keep the end-of-turn token out of the reply's ids
-            for j, tid in enumerate(new_ids):
-                delta = comp.text if j == len(new_ids) - 1 else ""
-                yield TokenEvent(tid, delta, len(ids))
-                ids.append(tid)
-            if not new_ids and comp.text:
-                yield TokenEvent(-1, comp.text, len(ids))
-            text.append(comp.text)
-            if finished:
-                yield Result(
-                    text="".join(text),
-                    token_ids=tuple(ids),
-                    finish_reason=_FINISH.get(comp.finish_reason or "stop", "stop"),
-                    prompt_tokens=len(prompt_ids),
-                    cached_tokens=int(out.num_cached_tokens or 0),
-                    ttft_s=ttft or time.perf_counter() - t0,
-                    latency_s=time.perf_counter() - t0,
-                    request_id=request.request_id,
-                    session_key=request.session_key,
-                )
+        with self._exchange(rid, payload) as flight:
+            while not flight.done:
+                out = flight.get()
+                comp = out.outputs[0]
+                new_ids = list(comp.token_ids)
+                if new_ids and not ids:
+                    ttft = time.perf_counter() - t0
+                finished = bool(out.finished)
+                if finished:
+                    flight.finish()
+                if finished and comp.finish_reason == "stop" and new_ids and \
+                        new_ids[-1] == self.template.eos_token_id and comp.stop_reason is None:
+                    new_ids = new_ids[:-1]  # keep the end-of-turn token out of the reply's ids
+                for j, tid in enumerate(new_ids):
+                    delta = comp.text if j == len(new_ids) - 1 else ""
+                    yield TokenEvent(tid, delta, len(ids))
+                    ids.append(tid)
+                if not new_ids and comp.text:
+                    yield TokenEvent(-1, comp.text, len(ids))
+                text.append(comp.text)
+                if finished:
+                    yield Result(
+                        text="".join(text),
+                        token_ids=tuple(ids),
+                        finish_reason=_FINISH.get(comp.finish_reason or "stop", "stop"),
+                        prompt_tokens=len(prompt_ids),
+                        cached_tokens=int(out.num_cached_tokens or 0),
+                        ttft_s=ttft or time.perf_counter() - t0,
+                        latency_s=time.perf_counter() - t0,
+                        request_id=rid,
+                        session_key=request.session_key,
+                    )
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached block; 1 when vLLM did, 0 when it refused (requests running).

@@ -1,9 +1,8 @@
 """What a turn costs its caller (issue 19), on the real model with the torch engine:
 ``manager_overhead_ms`` counts the manager's own time and not the engine's; with a fixed
 temperature the topic verdict runs after the request reached the engine, with the semantic
-temperature too (the engine binds the temperature late, while it prefills), or before it on an
-engine that cannot, and all give a full replay's verdicts; a jump's release and the topic update
-with the reply run in the background, not on the caller's path."""
+temperature before it, and both give a full replay's verdicts; a jump's release and the topic
+update with the reply run in the background, not on the caller's path."""
 
 from __future__ import annotations
 
@@ -142,16 +141,11 @@ def test_the_verdict_waits_for_the_engine_only_when_sampling_needs_it(
             t = manager.chat(sid, text, max_tokens=4, **kw)
             assert len(det.seen) == 1  # one observation per turn, no replay
             when, thread = det.seen[0]
-            # after the engine got the request: with a fixed temperature nothing in it depends
-            # on the verdict; with the semantic one only sampling does, and the torch engine
-            # binds the temperature late (engine/late_temperature.py), running the verdict in
-            # the caller's thread while it prefills
-            assert when > engine.calls[n]
-            if fixed:
+            if fixed:  # nothing in the request depends on it: after the engine got it
+                assert when > engine.calls[n]
                 assert t.temperature == 0.0
-            else:
-                assert thread == threading.current_thread().name
-                assert t.temperature == pytest.approx(manager.get_session(sid).temperature)
+            else:  # it decides the sampling temperature: before
+                assert when < engine.calls[n] and thread == threading.current_thread().name
             # the same verdict as a replay of the stored conversation (the reference)
             history = manager.history(sid)
             ref = det.detect(turn_pairs(history[:2 * i]), text)
@@ -161,26 +155,10 @@ def test_the_verdict_waits_for_the_engine_only_when_sampling_needs_it(
             assert manager.get_session(sid).temperature == pytest.approx(session_temperature)
             if fixed:  # the topic update with this reply waits in the background
                 assert not manager._topic_updates[sid].done
-            if t.topic_jump:  # released in the background, after the turn
+            if t.topic_jump and fixed:  # released in the background, after the turn
                 assert engine.released == []
                 manager.flush()
             if t.topic_jump:
                 assert engine.released == [sid]
         assert [e.topic_jump for e in manager.store.turn_events(sid)] == [
             False, False, True, False]
-
-
-def test_an_engine_that_cannot_bind_late_gets_the_verdict_first(
-        manager: ConversationManager, engine: Timed, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "late_temperature", False, raising=False)
-    det = manager.detector()
-    assert isinstance(det, Recording)
-    manager.open_session("early")
-    manager.chat("early", CONVO[0], max_tokens=4, seed=0)
-    det.seen.clear()
-    n = len(engine.calls)
-    t = manager.chat("early", CONVO[1], max_tokens=4, seed=0)
-    when, thread = det.seen[0]
-    assert when < engine.calls[n] and thread == threading.current_thread().name
-    assert t.temperature == pytest.approx(manager.get_session("early").temperature)
-

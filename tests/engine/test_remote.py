@@ -118,11 +118,6 @@ def test_greedy_output_equals_the_embedded_engine(remote, vllm_engine) -> None: 
     assert there.token_ids == here.token_ids
     assert there.text == here.text
     assert there.prompt_tokens == here.prompt_tokens == len(remote.render(msgs))
-    # a late temperature (engine/late_temperature.py): resolved before the request goes out
-    assert not remote.late_temperature
-    late = remote.generate(Request("exact-remote-late", messages=msgs, sampling=SamplingParams(
-        max_tokens=24, temperature=1.0), temperature_later=lambda: 0.0))
-    assert late.token_ids == here.token_ids
 
 
 def test_remote_rejects_a_bad_request_with_one_line(remote) -> None:  # type: ignore[no-untyped-def]

@@ -27,7 +27,6 @@ from suffixmem.config import EngineConfig
 from suffixmem.detokenizer import Detokenizer
 from suffixmem.engine.base import BaseEngine
 from suffixmem.engine.isolation import SCOPES, IsolationPolicy
-from suffixmem.engine.late_temperature import resolve
 from suffixmem.engine.protocol import (
     EngineStats,
     Request,
@@ -42,7 +41,7 @@ from suffixmem.engine.torch.llama import Llama, read_config
 from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
 from suffixmem.engine.torch.prefill import chunk_prefill
 from suffixmem.engine.torch.reuse_hook import ReuseHook, ReuseOutcome
-from suffixmem.engine.torch.sampling import bound_sampling, sample_token
+from suffixmem.engine.torch.sampling import sample_token
 from suffixmem.engine.torch.scheduler import Scheduler
 from suffixmem.engine.torch.sequence import SeqStatus, Sequence
 from suffixmem.engine.torch.tier_hook import TorchTier
@@ -68,7 +67,6 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
 
     name = "torch"
     supports_json_schema = available()  # constrained decoding by xgrammar (grammar.py)
-    late_temperature = True  # Request.temperature_later: bound at the first sample (sampling.py)
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         super().__init__()
@@ -194,8 +192,6 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
     def _stream(self, request: Request, prompt_ids: list[int],
                 payload: Any) -> Iterator[TokenEvent | Result]:
         with self._exchange(request.request_id, payload) as flight:
-            if request.temperature_later is not None:
-                resolve(request.temperature_later)  # while the driver prefills
             while not flight.done:
                 item = flight.get()
                 if isinstance(item, Result):
@@ -357,8 +353,8 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
         mask_logits([seq.guide for seq in seqs], logits)  # json_schema rows: grammar.py
         tokens: list[int | None] = list(logits.argmax(dim=-1).tolist())
         for i, seq in enumerate(seqs):
+            s = seq.request.sampling
             try:
-                s = bound_sampling(seq)
                 if not s.greedy:
                     tokens[i] = sample_token(logits[i], s, seq.generator or self._generator)
                 if seq.guide is not None:

@@ -1,18 +1,13 @@
 """Sampling one token from a logits row: temperature, top-k, top-p (nucleus), seeded.
 
 The engine's sampling step (``TorchEngine._sample``) takes the batch's argmax for greedy
-requests and calls ``sample_token`` for the others, with ``bound_sampling(seq)``: the
-request's parameters, its late temperature bound.
+requests and calls ``sample_token`` for the others.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import torch
 
-from suffixmem.engine.late_temperature import resolve
 from suffixmem.engine.protocol import SamplingParams
 
 
@@ -35,12 +30,3 @@ def sample_token(logits: torch.Tensor, s: SamplingParams, generator: torch.Gener
         x = torch.full_like(x, float("-inf")).scatter(0, order, sorted_x)
     probs = torch.softmax(x, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator).item())
-
-
-def bound_sampling(seq: Any) -> SamplingParams:
-    """``seq``'s sampling with its request's late temperature (``late_temperature.py``) read
-    once, at its first sampled token, and kept on the sequence."""
-    if seq.sampling is None:
-        s, late = seq.request.sampling, seq.request.temperature_later
-        seq.sampling = s if late is None else dataclasses.replace(s, temperature=resolve(late))
-    return seq.sampling

@@ -54,7 +54,6 @@ class Sequence:
     t_first_token: float = 0.0
     generator: Any = None  # torch.Generator for seeded sampling
     guide: Any = None  # grammar.Guide of a json_schema request
-    sampling: Any = None  # the request's SamplingParams, its late temperature bound (engine)
 
     @property
     def seq_id(self) -> str:
