@@ -257,7 +257,7 @@ def evaluate_targets(configs: dict[str, dict[str, Any]], workload: str) -> dict[
             if peer is not None:
                 results[cfg]["peer"] = peer
         targets[name] = {"rule": rule, "configs": results,
-                         "passed": _all([r["passed"] for r in results.values()])}
+                         "passed": all_passed([r["passed"] for r in results.values()])}
 
     if workload == "default":
         check("ttft_from_turn8_le_fifth_of_naive",
@@ -307,7 +307,9 @@ def _at_most(value: Any, limit: float) -> tuple[Any, float, bool]:
     return value, limit, finite_number(value) and value <= limit
 
 
-def _all(values: list[bool | None]) -> bool | None:
+def all_passed(values: list[bool | None]) -> bool | None:
+    """A target's overall verdict: None when any configuration had none (or none ran), else
+    whether all passed."""
     if not values or any(v is None for v in values):
         return None
     return all(values)

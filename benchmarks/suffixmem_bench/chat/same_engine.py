@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from suffixmem_bench.chat.metrics import all_passed
 from suffixmem_bench.chat.paired import TARGET, THROUGHPUT_TARGET, run_paired
 from suffixmem_bench.chat.peers import EngineOptions
 from suffixmem_bench.chat.workload import Workload
-from suffixmem_bench.measure import finite_number
+from suffixmem_bench.measure import finite_number, set_threads
 
 PEERS: dict[str, tuple[str, str]] = {
     "suffixmem_vllm": ("vllm_direct_salted", "session"),
@@ -50,8 +51,6 @@ def run_pairs(names: list[str], workload: Workload, options: EngineOptions, repe
     ``repeats`` rounds; returns per configuration its ``summary``, or ``status: "error"`` with
     the reason (one failed pair does not stop the others). ``progress(name, done, total)``;
     ``engine``: a ``VLLMEngine`` to pair on (left open) instead of one built per pair."""
-    from suffixmem_bench.measure import set_threads
-
     set_threads(options.threads)  # as each configuration's process: the same thread count
     out: dict[str, Any] = {}
     for name in names:
@@ -120,8 +119,6 @@ def apply(targets: dict[str, Any], pairs: dict[str, Any]) -> None:
                 "value": value, "limit": limit, "passed": passed, "peer": pair["peer"],
                 "method": "paired", "unit": f"ratio to the peer, paired by {pair['unit']}",
                 "processes": entry}
-        results = [e["passed"] for e in target["configs"].values()]
-        target["passed"] = (None if not results or any(r is None for r in results)
-                            else all(results))
+        target["passed"] = all_passed([e["passed"] for e in target["configs"].values()])
         target["rule"] += ("; the vLLM engine's configurations: the paired ratio on one engine "
                            "(chat/same_engine.py)")
