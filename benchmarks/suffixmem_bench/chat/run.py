@@ -134,7 +134,6 @@ def run_chat(
     options = EngineOptions(model=model, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
                             max_tokens=max_tokens, threads=threads or os.cpu_count() or 1,
                             segment_method=segment_method)
-    results: dict[str, dict[str, Any]] = {}
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     all_turns: list[dict[str, Any]] = []
     per_config = sessions * turns * repeats
@@ -187,7 +186,8 @@ def run_chat(
                 # skipped or failed turns
                 bar.update(task, advance=per_config // repeats - len(records))
                 keep(rep, name, figures, records)
-        results = {name: merge_repeats(rs) for name, rs in rounds.items()}
+        results: dict[str, dict[str, Any]] = {
+            name: merge_repeats(rs) for name, rs in rounds.items()}
         pairs: dict[str, Any] = {}
         if paired and pinned is None and (names := same_engine.pairs_to_run(results)):
             task = bar.add_task("paired on one engine", total=None)
