@@ -6,17 +6,22 @@ its reported spread. This command checks it for any two reports of one benchmark
 looked up in the rerun, and the rerun's median must lie inside the published [min, max].
 
 A figure with a spread is either
-- a dict ``{"median", "min", "max", ...}`` (``measure.spread``: ``bench paired``, ``engines``,
-  ``serve`` ...), named by its path (``arms.stock.ttft_p50_from_turn8_ms``), or
-- a number next to a ``spread`` dict holding ``[min, max]`` under its key (``bench chat``'s
-  ``configs.NAME.spread``, ratios included: ``configs.NAME.output_tok_vs_vllm_direct``).
+- a dict ``{"median", "min", "max", ...}`` (``measure.spread``: ``bench paired``, ``serve``
+  ...), named by its path (``arms.stock.ttft_p50_from_turn8_ms``), or
+- a number next to a ``spread`` dict holding ``[min, max]`` (``bench chat``'s
+  ``configs.NAME.spread``, ratios included: ``configs.NAME.output_tok_vs_vllm_direct``) or a
+  ``{"median", "min", "max"}`` dict (``bench serve``'s ``suffixmem.spread``) under its key, or
+- a number ``X`` next to ``X_min`` and ``X_max`` (``bench engines``: ``engines.torch.prefill_s``).
 
 A figure whose spread is a single value (every round alike: token counts, hit rates) must
-match it exactly. Report (JSON): ``figures`` (how many were compared), ``inside``, ``outside``:
-one entry per figure outside its spread with the published ``median``/``min``/``max``, the
-rerun's ``median`` and ``move`` (the rerun's median over the published one, minus 1),
-``missing`` (published figures the rerun lacks), and ``survives`` (nothing outside or missing).
-``only``: compare only figures whose name contains one of these strings.
+match it exactly. A ``bench pool`` report of several runs has all of these shapes.
+
+Report (JSON): ``figures`` (how many were compared), ``inside``, ``outside``: one entry per
+figure outside its spread with the published ``median``/``min``/``max``, the rerun's median
+(``rerun``) and ``move`` (the rerun's median over the published one, minus 1), ``missing``
+(published figures the rerun lacks; a plain number at the figure's path counts: a one-round
+figure to which a pooled report gives the runs' range), and ``survives`` (nothing outside or
+missing). ``only``: compare only figures whose name contains one of these strings.
 """
 
 from __future__ import annotations
@@ -45,10 +50,16 @@ def figures(report: Any, path: str = "") -> Iterator[tuple[str, Figure]]:
     spreads = report.get("spread")
     if isinstance(spreads, dict):
         for key, bounds in spreads.items():
+            if isinstance(bounds, dict) and {"min", "max"} <= bounds.keys():
+                bounds = [bounds["min"], bounds["max"]]
             value = report.get(key)
             if (isinstance(bounds, list | tuple) and len(bounds) == 2 and finite_number(value)
                     and all(finite_number(b) for b in bounds)):
                 yield _join(path, key), (float(value), float(bounds[0]), float(bounds[1]))
+    for key, value in report.items():
+        lo, hi = report.get(f"{key}_min"), report.get(f"{key}_max")
+        if finite_number(value) and finite_number(lo) and finite_number(hi):
+            yield _join(path, key), (float(value), float(lo), float(hi))
     for key, value in report.items():
         if key not in ("spread", "runs"):
             yield from figures(value, _join(path, key))
@@ -63,17 +74,27 @@ def compare(published: Any, rerun: Any, only: Sequence[str] = ()) -> dict[str, A
     for name, (median, lo, hi) in figures(published):
         if only and not any(s in name for s in only):
             continue
-        if name not in mine:
+        new = mine[name][0] if name in mine else _number_at(rerun, name)
+        if new is None:
             missing.append(name)
             continue
         compared += 1
-        new = mine[name][0]
         if not lo <= new <= hi:
             outside.append({"figure": name, "median": median, "min": lo, "max": hi,
                             "rerun": new,
                             "move": new / median - 1 if median else math.inf})
     return {"figures": compared, "inside": compared - len(outside), "outside": outside,
             "missing": missing, "survives": not outside and not missing}
+
+
+def _number_at(report: Any, name: str) -> float | None:
+    """The plain number at dotted path ``name`` (a figure that one run reports without a
+    spread, such as a one-round workload's, and a pooled report with the runs' range)."""
+    for key in name.split("."):
+        if not isinstance(report, dict) or key not in report:
+            return None
+        report = report[key]
+    return float(report) if finite_number(report) else None
 
 
 def _join(path: str, key: str) -> str:

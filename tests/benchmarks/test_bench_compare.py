@@ -99,3 +99,22 @@ def test_cli_exits_nonzero_when_a_figure_leaves_its_spread(tmp_path: Path) -> No
     assert "arms.stock.ttft_p50_ms" in out.output and "does not survive" in out.output
     missing = runner.invoke(app, ["bench", "compare", str(old), str(tmp_path / "nope.json")])
     assert missing.exit_code == 2 and "cannot read" in missing.output
+
+
+def test_engines_and_serve_shapes_are_figures_and_a_plain_rerun_number_counts() -> None:
+    engines = {"engines": {"torch": {"decode_ms": 12.6, "decode_ms_min": 12.5,
+                                     "decode_ms_max": 13.1, "decode_ms_runs": [12.5, 12.6, 13.1],
+                                     "prompt_tokens": 1564}}}
+    serve = {"suffixmem": {"tok_s": 334.8, "spread": {"tok_s": {
+        "median": 334.8, "min": 325.8, "max": 351.1, "runs": [325.8, 334.8, 351.1]}}}}
+    assert dict(figures(engines)) == {"engines.torch.decode_ms": (12.6, 12.5, 13.1)}
+    assert dict(figures(serve)) == {"suffixmem.tok_s": (334.8, 325.8, 351.1)}
+    slower = {"engines": {"torch": {"decode_ms": 14.0, "decode_ms_min": 13.9,
+                                    "decode_ms_max": 14.2}}}
+    assert [x["figure"] for x in compare(engines, slower)["outside"]] == [
+        "engines.torch.decode_ms"]
+    # a one-round report gives its figures as plain numbers: they are read where the
+    # published (pooled) report has a spread for them
+    assert compare(serve, {"suffixmem": {"tok_s": 340.0}})["survives"]
+    assert not compare(serve, {"suffixmem": {"tok_s": 360.0}})["survives"]
+    assert compare(serve, {"suffixmem": {"tok_s": "n/a"}})["missing"] == ["suffixmem.tok_s"]
