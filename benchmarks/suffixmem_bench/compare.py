@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +65,28 @@ def figures(report: Any, path: str = "") -> Iterator[tuple[str, Figure]]:
             yield from figures(value, _join(path, key))
 
 
-def compare(published: Any, rerun: Any, only: Sequence[str] = ()) -> dict[str, Any]:
-    """The check of ``rerun`` against ``published`` (module docstring)."""
+def compare(published: Any, rerun: Any, only: Sequence[str] = (),
+            exactly: Collection[str] | None = None) -> dict[str, Any]:
+    """The check of ``rerun`` against ``published`` (module docstring); ``exactly``: only the
+    figures of these names (the ones a README quotes), where a plain number without a spread
+    must come back equal."""
     mine = dict(figures(rerun))
     outside: list[dict[str, Any]] = []
     missing: list[str] = []
     compared = 0
-    for name, (median, lo, hi) in figures(published):
+    found = list(figures(published))
+    if exactly is not None:  # a quoted plain number (a deterministic figure) must come back
+        known = {name for name, _ in found}
+        for name in sorted(set(exactly) - known):
+            value = number_at(published, name)
+            if value is not None:
+                found.append((name, (value, value, value)))
+    for name, (median, lo, hi) in found:
         if only and not any(s in name for s in only):
             continue
-        new = mine[name][0] if name in mine else _number_at(rerun, name)
+        if exactly is not None and name not in exactly:
+            continue
+        new = mine[name][0] if name in mine else number_at(rerun, name)
         if new is None:
             missing.append(name)
             continue
@@ -87,7 +99,7 @@ def compare(published: Any, rerun: Any, only: Sequence[str] = ()) -> dict[str, A
             "missing": missing, "survives": not outside and not missing}
 
 
-def _number_at(report: Any, name: str) -> float | None:
+def number_at(report: Any, name: str) -> float | None:
     """The plain number at dotted path ``name`` (a figure that one run reports without a
     spread, such as a one-round workload's, and a pooled report with the runs' range)."""
     for key in name.split("."):

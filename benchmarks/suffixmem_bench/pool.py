@@ -17,9 +17,10 @@ The pooled report has the shape of its inputs, so ``bench compare`` reads it:
 - a number without rounds that differs between runs (a one-round workload's figure, a paired
   ratio over all turns) becomes the median over runs, with the runs' [min, max] under
   ``spread`` and their values under ``across_runs`` beside it;
-- a flag (a target's ``passed``) holds only if it held in every run (``False`` wins, then
-  ``None``); a count of ``repeats`` is summed; equal lists of numbers are pooled element by
-  element (median); anything else that differs becomes the list of the runs' values.
+- a flag holds only if it held in every run (``False`` wins, then ``None``); each target keeps
+  its ``rule``, ``passed`` (in every run) and ``passed_by_run``, not its values; a count of
+  ``repeats`` is summed; equal lists of numbers are pooled element by element (median);
+  anything else that differs becomes the list of the runs' values.
 
 Top level: ``pooled_from`` (each input's ``path``, ``commit``, ``date``, ``load_avg``,
 ``matmul_gflops``), ``commit`` (the distinct commits joined by ``+``), ``noisy`` (any). The
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +82,18 @@ def _identity(value: Any, fields: Sequence[str] | None) -> Any:
     return {k: value.get(k) for k in fields}
 
 
-def held_out(reports: Sequence[Any], names: Sequence[str]) -> dict[str, Any]:
+def held_out(reports: Sequence[Any], names: Sequence[str],
+             exactly: Collection[str] | None = None) -> dict[str, Any]:
     """For each report, ``bench compare`` of it against the pool of all the others: how
-    often a rerun stays inside pooled spreads (needs 3 reports or more)."""
+    often a rerun stays inside pooled spreads (needs 3 reports or more). ``exactly``: only
+    the figures of these names (those a README quotes: ``bench table --held-out``)."""
     if len(reports) < 3:
         raise ValueError("--held-out needs at least 3 reports (2 to pool, 1 to check)")
     rows = []
     for i, name in enumerate(names):
         rest = [r for j, r in enumerate(reports) if j != i]
-        result = compare(pool(rest, [n for j, n in enumerate(names) if j != i]), reports[i])
+        result = compare(pool(rest, [n for j, n in enumerate(names) if j != i]), reports[i],
+                         exactly=exactly)
         rows.append({"report": name, "figures": result["figures"], "inside": result["inside"],
                      "outside": [x["figure"] for x in result["outside"]],
                      "missing": len(result["missing"])})
@@ -133,6 +137,19 @@ def _rounds(xs: list[Any]) -> dict[str, Any]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
+def _targets(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each target's rule and verdict per run, and ``passed`` only if it passed in every run:
+    a verdict's values and limits are not pooled (runs may take them from other methods)."""
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(k for r in runs for k in r):
+        entries = [r[name] for r in runs if isinstance(r.get(name), dict)]
+        verdicts = [e.get("passed") for e in entries]
+        out[name] = {"rule": entries[0].get("rule") if entries else None,
+                     "passed": _pool(verdicts) if verdicts else None,
+                     "passed_by_run": verdicts}
+    return out
+
+
 def _envelope(spreads: list[Any]) -> dict[str, list[float]]:
     """``bench chat``'s ``spread`` dicts of [min, max] lists joined: the widest bounds."""
     out: dict[str, list[float]] = {}
@@ -151,6 +168,8 @@ def _pool_dict(values: list[dict[str, Any]]) -> dict[str, Any]:
         present = [v[key] for v in values if key in v]
         if key == "repeats" and all(finite_number(x) for x in present):
             out[key] = sum(present)
+        elif key == "targets" and all(isinstance(x, dict) for x in present):
+            out[key] = _targets(present)
         elif key not in ("runs", "spread", "across_runs"):
             out[key] = _pool(present)
     covered = set()

@@ -118,3 +118,13 @@ def test_engines_and_serve_shapes_are_figures_and_a_plain_rerun_number_counts() 
     assert compare(serve, {"suffixmem": {"tok_s": 340.0}})["survives"]
     assert not compare(serve, {"suffixmem": {"tok_s": 360.0}})["survives"]
     assert compare(serve, {"suffixmem": {"tok_s": "n/a"}})["missing"] == ["suffixmem.tok_s"]
+
+
+def test_exactly_checks_only_the_quoted_figures_and_plain_numbers_must_come_back_equal() -> None:
+    published = _chat(50.0, 1.0, 45.0, 55.0) | {"f1": 0.54}
+    rerun = _chat(62.7, 1.05, 51.5, 65.6) | {"f1": 0.54}
+    result = compare(published, rerun, exactly={"configs.suffixmem_vllm.output_tok_s", "f1"})
+    assert result["figures"] == 2
+    assert [x["figure"] for x in result["outside"]] == ["configs.suffixmem_vllm.output_tok_s"]
+    changed = compare(published, rerun | {"f1": 0.55}, exactly={"f1"})
+    assert [x["figure"] for x in changed["outside"]] == ["f1"]

@@ -45,7 +45,8 @@ def test_rounds_of_every_run_make_the_pooled_spread() -> None:
     assert se["across_runs"]["ttft_ratio_p50"] == [0.96, 0.98]
     names = dict(figures(out))
     assert names["same_engine.suffixmem_vllm.ttft_ratio_p50"] == pytest.approx((0.97, 0.96, 0.98))
-    assert out["targets"]["speed"]["passed"] is False  # held in one run only
+    assert out["targets"]["speed"] == {"rule": None, "passed": False,  # held in one run only
+                                       "passed_by_run": [True, False]}
     assert out["commit"] == "aaa+bbb" and out["noisy"] is False
     assert [p["path"] for p in out["pooled_from"]] == ["a.json", "b.json"]
     # a third run inside the pooled spreads survives where it would leave either run's own
