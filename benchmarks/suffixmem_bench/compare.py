@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,10 @@ def compare(published: Any, rerun: Any, only: Sequence[str] = (),
 
 def number_at(report: Any, name: str) -> float | None:
     """The plain number at dotted path ``name`` (a figure that one run reports without a
-    spread, such as a one-round workload's, and a pooled report with the runs' range)."""
-    for key in name.split("."):
+    spread, such as a one-round workload's, and a pooled report with the runs' range); a key
+    with dots in it is written in brackets: ``methods[k16-q0.4].task_agreement``."""
+    for bracketed, plain in re.findall(r"\[([^\]]+)\]|([^.\[\]]+)", name):
+        key = bracketed or plain
         if not isinstance(report, dict) or key not in report:
             return None
         report = report[key]

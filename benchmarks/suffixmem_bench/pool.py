@@ -168,7 +168,8 @@ def _pool_dict(values: list[dict[str, Any]]) -> dict[str, Any]:
         present = [v[key] for v in values if key in v]
         if key == "repeats" and all(finite_number(x) for x in present):
             out[key] = sum(present)
-        elif key == "targets" and all(isinstance(x, dict) for x in present):
+        elif key == "targets" and all(isinstance(x, dict) and all(
+                isinstance(t, dict) and "passed" in t for t in x.values()) for x in present):
             out[key] = _targets(present)
         elif key not in ("runs", "spread", "across_runs"):
             out[key] = _pool(present)
