@@ -174,11 +174,12 @@ def _pool_dict(values: list[dict[str, Any]]) -> dict[str, Any]:
         elif key not in ("runs", "spread", "across_runs"):
             out[key] = _pool(present)
     covered = set()
-    if all(isinstance(v.get("runs"), dict) for v in values):  # bench chat: runs + spread
+    if any(isinstance(v.get("runs"), dict) for v in values):  # bench chat: runs + spread
         runs: dict[str, list[float]] = {}
         spread = _envelope([v.get("spread") for v in values])
-        for key in dict.fromkeys(k for v in values for k in v["runs"]):
-            r = _rounds([x for v in values for x in v["runs"].get(key, [])])
+        rounds = [v.get("runs") if isinstance(v.get("runs"), dict) else {} for v in values]
+        for key in dict.fromkeys(k for r in rounds for k in r):
+            r = _rounds([x for v in rounds for x in v.get(key, [])])
             if r["runs"]:
                 runs[key], spread[key] = r["runs"], [r["min"], r["max"]]
                 out[key] = r["median"]

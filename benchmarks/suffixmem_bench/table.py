@@ -40,6 +40,7 @@ FORMATS: dict[str, tuple[float, int, str]] = {
     "n": (1.0, 0, ""),
     "f1": (1.0, 1, ""),
     "f2": (1.0, 2, ""),
+    "f3": (1.0, 3, ""),
 }
 PLACEHOLDER = re.compile(r"\{(\w+)\.([\w.\-\[\]]+)\|(\w+)\}")
 REPORTS = re.compile(r"\A<!-- reports\n(.*?)\n-->\n", re.S)
