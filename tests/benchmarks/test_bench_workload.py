@@ -97,3 +97,17 @@ def test_bad_arguments_are_refused(count: Callable[[str], int]) -> None:
         build_workload(sessions=1, turns=2, mode="bursty", count=count)
     with pytest.raises(ValueError, match="fewer than"):
         session_turns(0, 100_000)
+
+
+def test_the_shared_workloads_tool_descriptions_are_the_same_in_every_process() -> None:
+    """Defaults whose repr carries an address (``shutil.copytree``'s ``copy_function``) made the
+    shared system prompt, and its token count, differ from one process to the next."""
+    import subprocess
+    import sys
+
+    code = ("from suffixmem_bench.workloads.shared import tool_descriptions; "
+            "print('\\n'.join(tool_descriptions()))")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert "shutil.copytree(" in runs[0] and " at 0x" not in runs[0]

@@ -11,6 +11,7 @@ system prompt's blocks shared by the tenant's sessions, history salted per sessi
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,7 +43,9 @@ def tool_descriptions() -> Iterator[str]:
                 continue
             doc = " ".join((inspect.getdoc(fn) or "").split("\n\n")[0].split())
             try:
-                sig = str(inspect.signature(fn))
+                # a default's repr may carry its address ("<function copy2 at 0x7f...>"),
+                # which would change the prompt, and its token count, in every process
+                sig = re.sub(r" at 0x[0-9a-fA-F]+", "", str(inspect.signature(fn)))
             except (TypeError, ValueError):
                 sig = "(...)"
             if doc:
