@@ -24,8 +24,9 @@ The pooled report has the shape of its inputs, so ``bench compare`` reads it:
 
 Top level: ``pooled_from`` (each input's ``path``, ``commit``, ``date``, ``load_avg``,
 ``matmul_gflops``), ``commit`` (the distinct commits joined by ``+``), ``noisy`` (any). The
-inputs must share ``machine`` and ``workload`` where they have them and none may be noisy: each
-refusal is a one-line ``ValueError`` naming the report.
+inputs must share ``machine`` and ``workload`` where they have them (bar the fields named in
+``ignore``, whose values ``pooled_differences`` keeps) and none may be noisy: each refusal is a
+one-line ``ValueError`` naming the report.
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ SAME = {"machine": ("cpu", "isa", "cores", "l3", "memory_gib", "dtype"),
 HOW = ("repeats", "interleave", "paired")
 
 
-def pool(reports: Sequence[Any], names: Sequence[str] | None = None) -> dict[str, Any]:
-    """One report from ``reports`` (runs of one command; module docstring)."""
+def pool(reports: Sequence[Any], names: Sequence[str] | None = None,
+         ignore: Sequence[str] = ()) -> dict[str, Any]:
+    """One report from ``reports`` (runs of one command; module docstring). ``ignore``:
+    ``workload.KEY`` / ``machine.KEY`` fields allowed to differ (a prompt a few tokens longer in
+    one run); their values are kept under ``pooled_differences``."""
     names = list(names) if names is not None else [f"report {i + 1}" for i in range(len(reports))]
     if len(reports) < 1 or len(names) != len(reports):
         raise ValueError("pool needs at least one report, each with a name")
@@ -57,8 +61,15 @@ def pool(reports: Sequence[Any], names: Sequence[str] | None = None) -> dict[str
             raise ValueError(f"{name} is not a report (a JSON object)")
         if report.get("noisy"):
             raise ValueError(f"{name} is a noisy run; noisy runs are never published or pooled")
+    differences: dict[str, list[Any]] = {}
+    for name in ignore:
+        part, _, field = name.partition(".")
+        if part not in SAME or not field:
+            raise ValueError(f"cannot ignore {name!r}: only workload.KEY or machine.KEY")
+        differences[name] = [(r.get(part) or {}).get(field) for r in reports]
     for key, fields in SAME.items():
-        values = [_identity(r.get(key), fields) for r in reports]
+        skip = {n.partition(".")[2] for n in ignore if n.startswith(f"{key}.")}
+        values = [_identity(r.get(key), fields, skip) for r in reports]
         for name, value in zip(names, values, strict=True):
             if key in reports[0] and value != values[0]:
                 raise ValueError(f"{name} has another {key} than {names[0]}: "
@@ -71,15 +82,17 @@ def pool(reports: Sequence[Any], names: Sequence[str] | None = None) -> dict[str
         pooled_from=[{"path": n, **{k: r.get(k) for k in CONTEXT if k != "noisy"}}
                      for n, r in zip(names, reports, strict=True)],
     )
+    if differences:
+        body["pooled_differences"] = differences
     return body
 
 
-def _identity(value: Any, fields: Sequence[str] | None) -> Any:
+def _identity(value: Any, fields: Sequence[str] | None, skip: set[str]) -> Any:
     if not isinstance(value, dict):
         return value
     if fields is None:
-        return {k: v for k, v in value.items() if k not in HOW}
-    return {k: value.get(k) for k in fields}
+        return {k: v for k, v in value.items() if k not in HOW and k not in skip}
+    return {k: value.get(k) for k in fields if k not in skip}
 
 
 def held_out(reports: Sequence[Any], names: Sequence[str],
@@ -226,6 +239,8 @@ def register(bench: Any) -> None:
         reports: list[str] = typer.Argument(  # noqa: B008
             ..., help="report.json files of runs of one command on one machine."),
         out: str = typer.Option("", help="Write the pooled report here."),
+        ignore: list[str] = typer.Option(  # noqa: B008
+            [], help="workload.KEY or machine.KEY allowed to differ (repeatable; recorded)."),
         check: bool = typer.Option(False, "--held-out",
                                    help="Compare each report with the pool of the others."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -233,7 +248,7 @@ def register(bench: Any) -> None:
         """Pool runs of one benchmark into one report whose spreads cover every run."""
         try:
             loaded = [_load(p) for p in reports]
-            result = held_out(loaded, reports) if check else pool(loaded, reports)
+            result = held_out(loaded, reports) if check else pool(loaded, reports, ignore)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         if out:

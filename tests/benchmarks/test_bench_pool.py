@@ -90,6 +90,11 @@ def test_only_quiet_runs_of_one_command_on_one_host_pool() -> None:
     other_workload["workload"]["sessions"] = 16
     with pytest.raises(ValueError, match="another workload"):
         pool([a, other_workload], ["a.json", "b.json"])
+    # a difference named in ignore pools, and the pooled report says what differed
+    out = pool([a, other_workload], ["a.json", "b.json"], ignore=["workload.sessions"])
+    assert out["pooled_differences"] == {"workload.sessions": [4, 16]}
+    with pytest.raises(ValueError, match=r"only workload\.KEY or machine\.KEY"):
+        pool([a, other_workload], ignore=["configs.x"])
     # how a run was interleaved or how many rounds it had does not make another workload
     five = _chat([50.0, 51.0, 52.0, 53.0, 54.0], 0.96, "bbb")
     assert pool([a, five])["configs"]["suffixmem_vllm"]["repeats"] == 8
