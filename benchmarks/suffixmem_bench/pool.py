@@ -96,17 +96,19 @@ def _identity(value: Any, fields: Sequence[str] | None, skip: set[str]) -> Any:
 
 
 def held_out(reports: Sequence[Any], names: Sequence[str],
-             exactly: Collection[str] | None = None) -> dict[str, Any]:
+             exactly: Collection[str] | None = None,
+             ignore: Sequence[str] = ()) -> dict[str, Any]:
     """For each report, ``bench compare`` of it against the pool of all the others: how
     often a rerun stays inside pooled spreads (needs 3 reports or more). ``exactly``: only
-    the figures of these names (those a README quotes: ``bench table --held-out``)."""
+    the figures of these names (those a README quotes: ``bench table --held-out``);
+    ``ignore``: as ``pool``'s."""
     if len(reports) < 3:
         raise ValueError("--held-out needs at least 3 reports (2 to pool, 1 to check)")
     rows = []
     for i, name in enumerate(names):
         rest = [r for j, r in enumerate(reports) if j != i]
-        result = compare(pool(rest, [n for j, n in enumerate(names) if j != i]), reports[i],
-                         exactly=exactly)
+        result = compare(pool(rest, [n for j, n in enumerate(names) if j != i], ignore),
+                         reports[i], exactly=exactly)
         rows.append({"report": name, "figures": result["figures"], "inside": result["inside"],
                      "outside": [x["figure"] for x in result["outside"]],
                      "missing": len(result["missing"])})
@@ -248,7 +250,8 @@ def register(bench: Any) -> None:
         """Pool runs of one benchmark into one report whose spreads cover every run."""
         try:
             loaded = [_load(p) for p in reports]
-            result = held_out(loaded, reports) if check else pool(loaded, reports, ignore)
+            result = (held_out(loaded, reports, ignore=ignore) if check
+                      else pool(loaded, reports, ignore))
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         if out:

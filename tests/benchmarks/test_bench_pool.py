@@ -110,6 +110,13 @@ def test_held_out_compares_each_run_with_the_pool_of_the_others() -> None:
     assert rows["b"]["outside"] == [] and rows["b"]["figures"] == 3
     assert rows["c"]["outside"] == ["same_engine.suffixmem_vllm.ttft_ratio_p50"]
     assert result["figures"] == sum(r["figures"] for r in rows.values())
+    # runs that differ in a field pool for the check when it is named, as for the pool
+    other = _chat([52.0, 53.0, 54.0], 0.97, "d")
+    other["workload"]["sessions"] = 16
+    with pytest.raises(ValueError, match="another workload"):
+        held_out([*runs, other], ["a", "b", "c", "d"])
+    assert len(held_out([*runs, other], ["a", "b", "c", "d"],
+                        ignore=["workload.sessions"])["held_out"]) == 4
     with pytest.raises(ValueError, match="at least 3 reports"):
         held_out(runs[:2], ["a", "b"])
 
