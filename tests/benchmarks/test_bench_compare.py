@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,21 +72,13 @@ def test_a_figure_missing_from_the_rerun_fails_it() -> None:
     assert result["missing"] == ["arms.stock.ttft_p50_ms"] and not result["survives"]
 
 
-def test_cli_exits_nonzero_when_a_figure_leaves_its_spread(tmp_path: Path) -> None:
-    import typer
+def test_cli_exits_nonzero_when_a_figure_leaves_its_spread(
+        tmp_path: Path, bench_app: Any) -> None:
     from typer.testing import CliRunner
 
     from suffixmem_bench.compare import register
 
-    app = typer.Typer()
-    bench = typer.Typer()
-    register(bench)
-
-    @bench.command("noop")  # a second command keeps typer from collapsing the group
-    def noop() -> None:
-        pass
-
-    app.add_typer(bench, name="bench")
+    app = bench_app(register)
     old, new, bad = tmp_path / "old.json", tmp_path / "new.json", tmp_path / "bad.json"
     old.write_text(json.dumps(_paired(40.0, 39.0, 42.0)))
     new.write_text(json.dumps(_paired(41.0, 40.0, 43.0)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,20 +122,13 @@ def test_held_out_compares_each_run_with_the_pool_of_the_others() -> None:
         held_out(runs[:2], ["a", "b"])
 
 
-def test_cli_writes_the_pooled_report_and_refuses_bad_input(tmp_path: Path) -> None:
-    import typer
+def test_cli_writes_the_pooled_report_and_refuses_bad_input(
+        tmp_path: Path, bench_app: Any) -> None:
     from typer.testing import CliRunner
 
     from suffixmem_bench.pool import register
 
-    app, bench = typer.Typer(), typer.Typer()
-    register(bench)
-
-    @bench.command("noop")  # a second command keeps typer from collapsing the group
-    def noop() -> None:
-        pass
-
-    app.add_typer(bench, name="bench")
+    app = bench_app(register)
     paths = []
     for i, rounds in enumerate(([50.0, 52.0, 54.0], [60.0, 61.0, 62.0])):
         paths.append(tmp_path / f"r{i}.json")

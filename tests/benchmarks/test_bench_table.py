@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,20 +86,13 @@ def test_the_readme_figures_are_their_reports_figures() -> None:
         "run `suffixmem bench table README.md --write`")
 
 
-def test_cli_writes_checks_and_refuses_a_readme_without_a_block(tmp_path: Path) -> None:
-    import typer
+def test_cli_writes_checks_and_refuses_a_readme_without_a_block(
+        tmp_path: Path, bench_app: Any) -> None:
     from typer.testing import CliRunner
 
     from suffixmem_bench.table import register
 
-    app, bench = typer.Typer(), typer.Typer()
-    register(bench)
-
-    @bench.command("noop")  # a second command keeps typer from collapsing the group
-    def noop() -> None:
-        pass
-
-    app.add_typer(bench, name="bench")
+    app = bench_app(register)
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "r.json").write_text(json.dumps(REPORT))
     (tmp_path / "results" / "t.md").write_text(
