@@ -51,10 +51,7 @@ def render(template: str, load: Callable[[str], Any]) -> str:
     """``template`` with its reports comment removed and every placeholder replaced by the
     figure's median [min–max]; ``load(path)`` reads a report. A one-line ``ValueError`` names a
     placeholder whose alias, figure or format is unknown."""
-    head = REPORTS.match(template)
-    if not head:
-        raise ValueError("the template must start with <!-- reports ... --> naming its reports")
-    paths = dict(_alias(line) for line in head.group(1).splitlines() if line.strip())
+    paths, body = _reports(template)
     loaded = {alias: load(path) for alias, path in paths.items()}
     found_in = {alias: dict(figures(report)) for alias, report in loaded.items()}
 
@@ -72,7 +69,7 @@ def render(template: str, load: Callable[[str], Any]) -> str:
             found = (plain, plain, plain)
         return _show(found, *FORMATS[fmt])
 
-    return PLACEHOLDER.sub(figure, template[head.end():])
+    return PLACEHOLDER.sub(figure, body)
 
 
 def quoted(template: str) -> dict[str, set[str]]:
@@ -87,10 +84,7 @@ def held_out_check(template: str, load: Callable[[str], Any]) -> dict[str, Any]:
     """Issue 10's rule on the figures ``template`` quotes: for each report pooled from 3 runs
     or more (``bench pool``), each run against the pool of the others, only quoted figures
     (``pool.held_out``). Reports pooled from fewer runs are listed under ``unchecked``."""
-    head = REPORTS.match(template)
-    if not head:
-        raise ValueError("the template must start with <!-- reports ... --> naming its reports")
-    paths = dict(_alias(line) for line in head.group(1).splitlines() if line.strip())
+    paths, _ = _reports(template)
     out: dict[str, Any] = {"reports": {}, "unchecked": []}
     for alias, names in quoted(template).items():
         try:
@@ -125,6 +119,15 @@ def _show(fig: tuple[float, float, float], scale: float, decimals: int, suffix: 
     if lo == hi:
         return f"{median}{suffix}"
     return f"{median}{suffix} [{lo}–{hi}]"
+
+
+def _reports(template: str) -> tuple[dict[str, str], str]:
+    """The template's reports (alias -> path) and the text after their comment."""
+    head = REPORTS.match(template)
+    if not head:
+        raise ValueError("the template must start with <!-- reports ... --> naming its reports")
+    paths = dict(_alias(line) for line in head.group(1).splitlines() if line.strip())
+    return paths, template[head.end():]
 
 
 def _alias(line: str) -> tuple[str, str]:
