@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from suffixmem_bench.compare import compare
-from suffixmem_bench.measure import finite_number
+from suffixmem_bench.measure import finite_number, spread
 
 CONTEXT = ("commit", "date", "load_avg", "matmul_gflops", "idle_gflops", "noisy")
 # Runs of one command on one host, or nothing to pool: the fields of ``machine`` that name the
@@ -137,19 +137,12 @@ def _pool(values: list[Any]) -> Any:
 def _pool_spread(values: list[dict[str, Any]]) -> dict[str, Any]:
     out = _pool_dict(values)
     if all(isinstance(v.get("runs"), list) for v in values):
-        out.update(_rounds([x for v in values for x in v["runs"]]))
+        out.update(spread([x for v in values for x in v["runs"]]))
     else:
         out.update(median=statistics.median(v["median"] for v in values),
                    min=min(v["min"] for v in values), max=max(v["max"] for v in values),
                    pooled="envelope")
     return out
-
-
-def _rounds(xs: list[Any]) -> dict[str, Any]:
-    xs = [float(x) for x in xs if finite_number(x)]
-    if not xs:
-        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "runs": []}
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
 def _targets(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -168,8 +161,8 @@ def _targets(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def _envelope(spreads: list[Any]) -> dict[str, list[float]]:
     """``bench chat``'s ``spread`` dicts of [min, max] lists joined: the widest bounds."""
     out: dict[str, list[float]] = {}
-    for spread in spreads:
-        for key, bounds in (spread or {}).items():
+    for one in spreads:
+        for key, bounds in (one or {}).items():
             if isinstance(bounds, list) and len(bounds) == 2:
                 lo, hi = out.get(key, bounds)
                 out[key] = [min(lo, bounds[0]), max(hi, bounds[1])]
@@ -191,15 +184,15 @@ def _pool_dict(values: list[dict[str, Any]]) -> dict[str, Any]:
     covered = set()
     if any(isinstance(v.get("runs"), dict) for v in values):  # bench chat: runs + spread
         runs: dict[str, list[float]] = {}
-        spread = _envelope([v.get("spread") for v in values])
+        bounds = _envelope([v.get("spread") for v in values])
         rounds = [v.get("runs") if isinstance(v.get("runs"), dict) else {} for v in values]
         for key in dict.fromkeys(k for r in rounds for k in r):
-            r = _rounds([x for v in rounds for x in v.get(key, [])])
+            r = spread([x for v in rounds for x in v.get(key, [])])
             if r["runs"]:
-                runs[key], spread[key] = r["runs"], [r["min"], r["max"]]
+                runs[key], bounds[key] = r["runs"], [r["min"], r["max"]]
                 out[key] = r["median"]
                 covered.add(key)
-        out["runs"], out["spread"] = runs, spread
+        out["runs"], out["spread"] = runs, bounds
     elif any(isinstance(v.get("spread"), dict) for v in values):  # bench serve: spread dicts
         out["spread"] = _pool([v["spread"] for v in values if isinstance(v.get("spread"), dict)])
         for key, s in out["spread"].items():
@@ -209,7 +202,7 @@ def _pool_dict(values: list[dict[str, Any]]) -> dict[str, Any]:
     for key in keys:  # bench engines: X, X_runs, X_min, X_max
         if key.endswith("_runs") and key[:-5] in out:
             base = key[:-5]
-            r = _rounds([x for v in values for x in v.get(key, [])])
+            r = spread([x for v in values for x in v.get(key, [])])
             out.update({base: r["median"], key: r["runs"], f"{base}_min": r["min"],
                         f"{base}_max": r["max"]})
             covered |= {base, f"{base}_min", f"{base}_max"}
@@ -218,9 +211,9 @@ def _pool_dict(values: list[dict[str, Any]]) -> dict[str, Any]:
     across = {k: xs for k, xs in across.items()
               if len(xs) > 1 and all(finite_number(x) for x in xs) and len(set(xs)) > 1}
     if across:
-        spread = out.setdefault("spread", {})
+        ranges = out.setdefault("spread", {})
         for key, xs in across.items():
-            spread[key] = [min(xs), max(xs)]
+            ranges[key] = [min(xs), max(xs)]
         out["across_runs"] = across
     return out
 
