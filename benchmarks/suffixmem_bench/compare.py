@@ -112,6 +112,14 @@ def number_at(report: Any, name: str) -> float | None:
     return float(report) if finite_number(report) else None
 
 
+def load_report(path: str) -> Any:
+    """The JSON report at ``path``; a one-line ``ValueError`` when it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else str(key)
 
@@ -131,12 +139,10 @@ def register(bench: Any) -> None:
         """Check that a rerun's figures lie inside the published report's spreads."""
         from rich.console import Console
 
-        reports = []
-        for path in (published, rerun):
-            try:
-                reports.append(json.loads(Path(path).read_text(encoding="utf-8")))
-            except (OSError, ValueError) as e:
-                raise typer.BadParameter(f"cannot read {path}: {e}") from None
+        try:
+            reports = [load_report(p) for p in (published, rerun)]
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
         result = compare(*reports, only=only)
         if as_json:
             print(json.dumps(result, indent=2))

@@ -37,7 +37,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from suffixmem_bench.compare import compare
+from suffixmem_bench.compare import compare, load_report
 from suffixmem_bench.measure import finite_number, spread
 
 CONTEXT = ("commit", "date", "load_avg", "matmul_gflops", "idle_gflops", "noisy")
@@ -218,13 +218,6 @@ def _pool_dict(values: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _load(path: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {path}: {e}") from None
-
-
 def register(bench: Any) -> None:
     """Add ``suffixmem bench pool`` to the CLI's ``bench`` group."""
     import typer
@@ -242,7 +235,7 @@ def register(bench: Any) -> None:
     ) -> None:
         """Pool runs of one benchmark into one report whose spreads cover every run."""
         try:
-            loaded = [_load(p) for p in reports]
+            loaded = [load_report(p) for p in reports]
             result = (held_out(loaded, reports, ignore=ignore) if check
                       else pool(loaded, reports, ignore))
         except ValueError as e:
