@@ -3,8 +3,11 @@
 Issue 10 asks that every figure in the README come from a committed ``results/`` report and
 stay inside its reported spread when the command is rerun. A figure typed by hand can drift
 from its report; here the README's "Measured" section is rendered from a markdown template
-whose figures are placeholders into named reports, each written as its median with its
-[min–max], so the README and the reports cannot disagree and every figure shows its spread.
+whose figures are placeholders into named reports, so the README and the reports cannot
+disagree. Each figure shows as its median with, in brackets, where a rerun's median should
+land: for a report pooled from several runs (``bench pool``), the rounds' [min–max] joined to a
+99% prediction interval from how runs of this host differ (``interval``); else the rounds'
+[min–max].
 
 The template starts with an HTML comment naming its reports, one ``ALIAS: PATH`` per line
 (paths relative to the repository root), and writes each figure as ``{ALIAS.PATH|FORMAT}``:
@@ -12,20 +15,24 @@ The template starts with an HTML comment naming its reports, one ``ALIAS: PATH``
 output_tok_s``; a plain number at that path also works, shown without a spread) and
 ``FORMAT`` one of ``FORMATS``. The README holds the rendering between ``<!-- measured:
 TEMPLATE -->`` and ``<!-- /measured -->``; ``--write README.md`` replaces it, ``--check
-README.md`` exits 1 when it differs (the test suite runs the check), and ``--held-out``
-prints issue 10's rule checked on exactly the quoted figures (``held_out_check``).
+README.md`` exits 1 when it differs (the test suite runs the check), ``--held-out`` prints
+issue 10's rule checked on exactly the quoted figures, each pooled run left out in turn
+(``held_out_check``), and ``--rerun ALIAS=REPORT.json`` checks a fresh run of one row's command
+against the brackets the README shows (``rerun_check``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from suffixmem_bench.compare import figures, number_at
-from suffixmem_bench.pool import held_out
+from suffixmem_bench.compare import Figure, figures, load_report, number_at
+from suffixmem_bench.interval import LEVEL, drift, widen
+from suffixmem_bench.pool import pool
 
 # FORMAT -> (scale, decimals, suffix)
 FORMATS: dict[str, tuple[float, int, str]] = {
@@ -49,13 +56,26 @@ BLOCK = re.compile(r"(<!-- measured: (\S+) -->\n)(.*?)(<!-- /measured -->)", re.
 
 def render(template: str, load: Callable[[str], Any]) -> str:
     """``template`` with its reports comment removed and every placeholder replaced by the
-    figure's median [min–max]; ``load(path)`` reads a report. A one-line ``ValueError`` names a
-    placeholder whose alias, figure or format is unknown."""
+    figure as ``intervals`` gives it, median [lo–hi] (no brackets when lo == hi); ``load(path)``
+    reads a report. A one-line ``ValueError`` names a placeholder whose alias, figure or format
+    is unknown."""
+    shown = intervals(template, load)
+    _, body = _reports(template)
+    return PLACEHOLDER.sub(lambda m: _show(shown[m[1]][m[2]], *FORMATS[m[3]]), body)
+
+
+def intervals(template: str, load: Callable[[str], Any]) -> dict[str, dict[str, Figure]]:
+    """Every figure ``template`` quotes, by report alias, as (median, lo, hi): for a report
+    pooled from 2 runs or more, the rounds' range joined to the ``LEVEL`` prediction interval of
+    a rerun (``interval``), else the rounds' range; a plain number as (n, n, n). One-line
+    ``ValueError``s as ``render``'s."""
     paths, body = _reports(template)
     loaded = {alias: load(path) for alias, path in paths.items()}
     found_in = {alias: dict(figures(report)) for alias, report in loaded.items()}
-
-    def figure(m: re.Match[str]) -> str:
+    values = _run_values(template, paths, load)
+    drifts = drift(values.values())
+    out: dict[str, dict[str, Figure]] = {}
+    for m in PLACEHOLDER.finditer(body):
         alias, name, fmt = m.groups()
         if alias not in loaded:
             raise ValueError(f"{m.group(0)}: no report named {alias!r} in the template")
@@ -67,9 +87,34 @@ def render(template: str, load: Callable[[str], Any]) -> str:
             if plain is None:
                 raise ValueError(f"{m.group(0)}: {paths[alias]} has no figure {name}")
             found = (plain, plain, plain)
-        return _show(found, *FORMATS[fmt])
+        if alias in values:
+            found = widen(found, name, values[alias].get(name, []), drifts)
+        out.setdefault(alias, {})[name] = found
+    return out
 
-    return PLACEHOLDER.sub(figure, body)
+
+def rerun_check(template: str, load: Callable[[str], Any], alias: str,
+                rerun: Any) -> dict[str, Any]:
+    """A fresh run of one row's command (``rerun``, a report) against the figures ``template``
+    quotes from report ``alias``, with the brackets the README shows: ``figures``, ``inside``,
+    ``outside`` (each with the quoted ``median``/``min``/``max``, the ``rerun``'s value and
+    ``move``), ``missing`` and ``survives`` (``bench compare``'s shape)."""
+    shown = intervals(template, load)
+    if alias not in shown:
+        raise ValueError(f"the template quotes no figure of a report named {alias!r} "
+                         f"(one of {sorted(shown)})")
+    run = _index(rerun)
+    outside, missing = [], []
+    for name, (median, lo, hi) in sorted(shown[alias].items()):
+        new = _value(run, name)
+        if new is None:
+            missing.append(name)
+        elif not lo <= new <= hi:
+            outside.append({"figure": name, "median": median, "min": lo, "max": hi,
+                            "rerun": new, "move": new / median - 1 if median else math.inf})
+    compared = len(shown[alias]) - len(missing)
+    return {"figures": compared, "inside": compared - len(outside), "outside": outside,
+            "missing": missing, "survives": not outside and not missing}
 
 
 def quoted(template: str) -> dict[str, set[str]]:
@@ -80,27 +125,54 @@ def quoted(template: str) -> dict[str, set[str]]:
     return out
 
 
-def held_out_check(template: str, load: Callable[[str], Any]) -> dict[str, Any]:
-    """Issue 10's rule on the figures ``template`` quotes: for each report pooled from 3 runs
-    or more (``bench pool``), each run against the pool of the others, only quoted figures
-    (``pool.held_out``). Reports pooled from fewer runs are listed under ``unchecked``."""
+def held_out_check(template: str, load: Callable[[str], Any],
+                   level: float = LEVEL) -> dict[str, Any]:
+    """Issue 10's rule on the figures ``template`` quotes, as ``render`` quotes them: for each
+    report pooled from 3 runs or more (``bench pool``), each run against the pool of the others,
+    its interval joined to the ``level`` prediction interval from the others' runs, the
+    drift pooled over every row without the run left out. Per report: ``figures``, ``inside``,
+    ``inside_range`` (inside the rounds' range alone) and ``outside`` (report -> figure
+    names); at the top, their sums, ``level`` and the ``drift`` of all runs by kind. Reports
+    pooled from fewer runs are listed under ``unchecked``."""
     paths, _ = _reports(template)
-    out: dict[str, Any] = {"reports": {}, "unchecked": []}
+    values = _run_values(template, paths, load)
+    out: dict[str, Any] = {"level": level, "drift": {
+        k: {"sigma": d.sigma, "dof": d.dof} for k, d in drift(values.values()).items()},
+        "reports": {}, "unchecked": []}
     for alias, names in quoted(template).items():
-        try:
-            pooled = load(paths[alias])
-        except OSError:  # not written yet (the check's own result, on its first run)
-            pooled = {}
+        if alias not in paths:
+            raise ValueError(f"no report named {alias!r} in the template")
+        pooled = _pooled(load, paths[alias])
         runs = [p.get("path") for p in pooled.get("pooled_from", [])]
         if len(runs) < 3:
             out["unchecked"].append(alias)
             continue
-        result = held_out([load(p) for p in runs], runs, exactly=names,
-                          ignore=list(pooled.get("pooled_differences", {})))
-        out["reports"][alias] = {k: result[k] for k in ("figures", "inside")} | {
-            "outside": {r["report"]: r["outside"] for r in result["held_out"] if r["outside"]}}
-    out["figures"] = sum(r["figures"] for r in out["reports"].values())
-    out["inside"] = sum(r["inside"] for r in out["reports"].values())
+        reports = [load(p) for p in runs]
+        indexed = [_index(r) for r in reports]
+        row: dict[str, Any] = {"figures": 0, "inside": 0, "inside_range": 0, "outside": {}}
+        for i, left_out in enumerate(runs):
+            rest = [r for j, r in enumerate(indexed) if j != i]
+            others = dict(values, **{alias: {n: _values(rest, n) for n in names}})
+            drifts = drift(others.values())
+            rest_pool = _index(pool([r for r, _ in rest], [p for p in runs if p != left_out],
+                                    list(pooled.get("pooled_differences", {}))))
+            for name in sorted(names):
+                new, found = _value(indexed[i], name), rest_pool[1].get(name)
+                if found is None:  # a plain number: one value in every run, or none
+                    plain = number_at(rest_pool[0], name)
+                    found = None if plain is None else (plain, plain, plain)
+                if new is None or found is None:
+                    continue  # missing from the run left out (compare's "missing")
+                _, lo, hi = widen(found, name, others[alias][name], drifts, level)
+                row["figures"] += 1
+                row["inside_range"] += found[1] <= new <= found[2]
+                if lo <= new <= hi:
+                    row["inside"] += 1
+                else:
+                    row["outside"].setdefault(left_out, []).append(name)
+        out["reports"][alias] = row
+    for key in ("figures", "inside", "inside_range"):
+        out[key] = sum(r[key] for r in out["reports"].values())
     return out
 
 
@@ -119,6 +191,44 @@ def _show(fig: tuple[float, float, float], scale: float, decimals: int, suffix: 
     if lo == hi:
         return f"{median}{suffix}"
     return f"{median}{suffix} [{lo}–{hi}]"
+
+
+def _run_values(template: str, paths: Mapping[str, str],
+                load: Callable[[str], Any]) -> dict[str, dict[str, list[float]]]:
+    """For each report pooled from 2 runs or more: each quoted figure's runs' medians."""
+    out = {}
+    for alias, names in quoted(template).items():
+        if alias not in paths:  # render names it in its one-line error
+            continue
+        runs = [p.get("path") for p in _pooled(load, paths[alias]).get("pooled_from", [])]
+        if len(runs) >= 2:
+            indexed = [_index(load(p)) for p in runs]
+            out[alias] = {name: _values(indexed, name) for name in names}
+    return out
+
+
+Indexed = tuple[Any, dict[str, Figure]]  # a report and its figures by name
+
+
+def _index(report: Any) -> Indexed:
+    return report, dict(figures(report))
+
+
+def _values(runs: list[Indexed], name: str) -> list[float]:
+    return [v for v in (_value(r, name) for r in runs) if v is not None]
+
+
+def _value(run: Indexed, name: str) -> float | None:
+    """A run's median of figure ``name`` (with a spread, else the plain number there)."""
+    found = run[1].get(name)
+    return found[0] if found else number_at(run[0], name)
+
+
+def _pooled(load: Callable[[str], Any], path: str) -> Any:
+    try:
+        return load(path)
+    except OSError:  # not written yet (the held-out check's own result, on its first run)
+        return {}
 
 
 def _reports(template: str) -> tuple[dict[str, str], str]:
@@ -147,9 +257,12 @@ def register(bench: Any) -> None:
         write: bool = typer.Option(False, "--write", help="Replace the blocks in README."),
         check: bool = typer.Option(False, "--check",
                                    help="Exit 1 when a block differs from its rendering."),
-        rerun_check: bool = typer.Option(
-            False, "--held-out", help="JSON: each pooled run against the pool of the others, "
-            "on the quoted figures only."),
+        held: bool = typer.Option(
+            False, "--held-out", help="JSON: each pooled run against the interval of the "
+            "others, on the quoted figures only."),
+        rerun: str = typer.Option(
+            "", help="ALIAS=REPORT.json: a fresh run of one row's command against the "
+            "README's brackets (JSON; exit 1 when a figure is outside or missing)."),
     ) -> None:
         """Render the README's measured figures from the committed reports."""
         root = Path(readme).resolve().parent
@@ -163,9 +276,18 @@ def register(bench: Any) -> None:
             if not names:
                 raise ValueError(f"{readme} has no <!-- measured: TEMPLATE --> block")
             sources = {n: (root / n).read_text(encoding="utf-8") for n in names}
-            if rerun_check:  # one template's result as is, several by template
+            if held:  # one template's result as is, several by template
                 checks = {n: held_out_check(t, load) for n, t in sources.items()}
                 print(json.dumps(checks[names[0]] if len(names) == 1 else checks, indent=2))
+                return
+            if rerun:
+                alias, sep, path = rerun.partition("=")
+                if not sep:
+                    raise ValueError(f"--rerun takes ALIAS=REPORT.json, not {rerun!r}")
+                result = rerun_check(sources[names[0]], load, alias, load_report(path))
+                print(json.dumps(result, indent=2))
+                if not result["survives"]:
+                    raise typer.Exit(1)
                 return
             rendered = {n: render(t, load) for n, t in sources.items()}
         except (OSError, ValueError) as e:
