@@ -4,12 +4,12 @@ a workload whose history outgrows the context; without one it keeps everything."
 
 from __future__ import annotations
 
-from suffixmem_bench.chat.peers import _TextHistory
+from suffixmem_bench.chat.peers import TextHistory
 
 SYSTEM = "You are a careful assistant. " * 20
 
 
-def _fill(chat: _TextHistory, session: int, turns: int) -> None:
+def _fill(chat: TextHistory, session: int, turns: int) -> None:
     chat.open(session, SYSTEM)
     for i in range(turns):
         chat.append(session, f"question number {i} about the weather in town {i}?",
@@ -17,11 +17,11 @@ def _fill(chat: _TextHistory, session: int, turns: int) -> None:
 
 
 def test_window_keeps_system_and_newest_exchanges_within_budget(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    unbounded = _TextHistory(tokenizer)
+    unbounded = TextHistory(tokenizer)
     _fill(unbounded, 0, 30)
     full = unbounded.prompt_ids(0, "and tomorrow?")
     budget = len(full) // 2
-    chat = _TextHistory(tokenizer, budget=budget)
+    chat = TextHistory(tokenizer, budget=budget)
     _fill(chat, 0, 30)
 
     ids = chat.prompt_ids(0, "and tomorrow?")
@@ -46,7 +46,7 @@ def test_window_keeps_system_and_newest_exchanges_within_budget(tokenizer) -> No
 
 
 def test_window_only_moves_forward_and_sessions_are_independent(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    chat = _TextHistory(tokenizer, budget=400)
+    chat = TextHistory(tokenizer, budget=400)
     _fill(chat, 0, 30)
     _fill(chat, 1, 2)
     chat.prompt_ids(0, "a long question " * 20)
@@ -58,7 +58,7 @@ def test_window_only_moves_forward_and_sessions_are_independent(tokenizer) -> No
 
 
 def test_without_budget_nothing_is_dropped(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    chat = _TextHistory(tokenizer)
+    chat = TextHistory(tokenizer)
     _fill(chat, 0, 30)
     text = tokenizer.decode(chat.prompt_ids(0, "and tomorrow?"))
     assert "question number 0 " in text and chat.dropped_turns == 0

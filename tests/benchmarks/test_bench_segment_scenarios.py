@@ -175,7 +175,7 @@ def test_methods_quality_control_is_exact_and_reuse_is_not(encode, fp32_llama) -
 
 
 def test_rag_workload_travels_to_a_worker_with_its_turn_prompts(encode) -> None:  # type: ignore[no-untyped-def]
-    from suffixmem_bench.chat.peers import _TextHistory
+    from suffixmem_bench.chat.peers import TextHistory
     from suffixmem_bench.chat.workload import Workload
 
     count = lambda text: len(encode(text))  # noqa: E731
@@ -183,7 +183,7 @@ def test_rag_workload_travels_to_a_worker_with_its_turn_prompts(encode) -> None:
     back = Workload.from_dict(rag.to_dict())  # what the worker process rebuilds
     assert back.system_prompt_at(1, 1) == rag.turn_systems[1][1]
     assert get("overflow").build(count, sessions=1, turns=2).system_prompt_at(0, 0) is None
-    hist = _TextHistory(None)
+    hist = TextHistory(None)
     hist.open(0, "old")
     hist.append(0, "q", "a")
     hist.set_system(0, "new")

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from suffixmem_bench.chat.llamacpp import LlamaCpp
 from suffixmem_bench.chat.peers import (
     MIB,
     ChatConfig,
     EngineOptions,
-    LlamaCpp,
     TransformersGenerate,
     TurnOutcome,
     VLLMHistory,
