@@ -61,8 +61,7 @@ def figures(report: Any, path: str = "") -> Iterator[tuple[str, Figure]]:
         lo, hi = report.get(f"{key}_min"), report.get(f"{key}_max")
         if finite_number(value) and finite_number(lo) and finite_number(hi):
             yield _join(path, key), (float(value), float(lo), float(hi))
-    for key, value in report.items():
-        if key not in ("spread", "runs"):
+        elif isinstance(value, dict) and key not in ("spread", "runs"):
             yield from figures(value, _join(path, key))
 
 
