@@ -133,3 +133,25 @@ def test_a_real_pair_on_one_engine_feeds_the_targets(vllm_engine: Any) -> None:
     entry = targets[TTFT]["configs"]["suffixmem_vllm"]
     assert entry["method"] == "paired" and entry["value"] == pair["ttft_ratio_p50"]
     assert entry["passed"] is (pair["ttft_ratio_p50"] <= 1.03)
+
+
+@pytest.mark.vllm
+def test_vllm_log_lines_go_to_a_file_while_pairing(tmp_path: Any) -> None:
+    """The paired phase runs vLLM in the benchmark's own process: its start-up warnings go to a
+    log file, as each configuration's child process's do, and the handlers come back after."""
+    import logging
+
+    import vllm.logger  # noqa: F401
+
+    logger = logging.getLogger("vllm")
+    before = logger.handlers[:]
+    path = tmp_path / "paired.log"
+    with same_engine.vllm_log_to(path):
+        logging.getLogger("vllm.config").warning("Enforce eager set, disabling torch.compile")
+        assert logger.handlers != before
+    logging.getLogger("vllm.config").warning("after the pairs")
+    text = path.read_text()
+    assert "Enforce eager set" in text and "WARNING" in text and "after the pairs" not in text
+    assert logger.handlers == before
+    with same_engine.vllm_log_to(None):
+        assert logger.handlers == before

@@ -197,7 +197,8 @@ def run_chat(
                            description=f"paired on one engine: {name}")
 
             pairs = same_engine.run_pairs(names, workload, options, repeats, concurrent,
-                                          progress=step if progress else None)
+                                          progress=step if progress else None,
+                                          log_path=Path(tmp) / "paired.log")
     for baseline in BASELINES:  # the strongest baseline's ratios first in the JSON
         add_ratios(results, baseline)
     targets = (pinned.targets(results) if pinned is not None

@@ -16,7 +16,10 @@ from (``method``: ``paired`` or ``processes``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from suffixmem_bench.chat.metrics import all_passed
@@ -46,12 +49,45 @@ def pairs_to_run(results: dict[str, dict[str, Any]]) -> list[str]:
 def run_pairs(names: list[str], workload: Workload, options: EngineOptions, repeats: int,
               concurrent: bool,
               progress: Callable[[str, int, int], None] | None = None,
-              engine: Any = None) -> dict[str, Any]:
+              engine: Any = None, log_path: Path | None = None) -> dict[str, Any]:
     """Pair every configuration of ``names`` with its peer on one engine in this process, for
     ``repeats`` rounds; returns per configuration its ``summary``, or ``status: "error"`` with
     the reason (one failed pair does not stop the others). ``progress(name, done, total)``;
-    ``engine``: a ``VLLMEngine`` to pair on (left open) instead of one built per pair."""
+    ``engine``: a ``VLLMEngine`` to pair on (left open) instead of one built per pair;
+    ``log_path``: where vLLM's own log lines go meanwhile (``vllm_log_to``)."""
     set_threads(options.threads)  # as each configuration's process: the same thread count
+    with vllm_log_to(log_path):
+        return _run_pairs(names, workload, options, repeats, concurrent, progress, engine)
+
+
+@contextlib.contextmanager
+def vllm_log_to(path: Path | None) -> Iterator[None]:
+    """vLLM's log lines (its start-up warnings) go to ``path`` while the block runs, as each
+    configuration's child process writes its own to a log file: the paired phase runs vLLM in
+    the benchmark's process, whose stderr carries the progress and the report. ``None``: left
+    as they are."""
+    if path is None:
+        yield
+        return
+    import vllm.logger  # noqa: F401  (sets up the "vllm" logger's handlers on import)
+
+    logger = logging.getLogger("vllm")
+    saved, propagate = logger.handlers[:], logger.propagate
+    handler = logging.FileHandler(path, encoding="utf-8")
+    # vLLM's own format where it set one up (VLLM_CONFIGURE_LOGGING=0 leaves none)
+    handler.setFormatter(next((h.formatter for h in saved if h.formatter), None) or
+                         logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
+    logger.handlers, logger.propagate = [handler], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = saved, propagate
+        handler.close()
+
+
+def _run_pairs(names: list[str], workload: Workload, options: EngineOptions, repeats: int,
+               concurrent: bool, progress: Callable[[str, int, int], None] | None,
+               engine: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         peer, scope = PEERS[name]
