@@ -1,0 +1,54 @@
+"""A turn's text as the topic detector reads it: letters, CJK, question form, character
+n-grams and words, in any script (no tokenizer, no language list). Pure ``re``; the detector
+(``topic``) builds its TF-IDF vectors from ``char_ngrams`` and ``word_tokens``."""
+
+from __future__ import annotations
+
+import re
+
+_LETTERS = re.compile(r"[^\W\d_]", re.UNICODE)
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+# word characters plus combining marks, which Python's \w leaves out: without them Indic,
+# Hebrew and Arabic words fall apart at every vowel sign into fragments shared by everything
+_MARKS = "\u0300-\u036f\u0591-\u05c7\u064b-\u065f\u0900-\u0dff\u0e31-\u0e4e\u1000-\u109f"
+_NON_WORD = re.compile(f"[^\\w{_MARKS}]+", re.UNICODE)
+
+
+def content_chars(text: str) -> int:
+    """Letters in ``text``, with CJK characters counting as 3 (one carries about a word)."""
+    return len(_LETTERS.findall(text)) + 2 * len(_CJK.findall(text))
+
+
+def is_cjk(text: str) -> bool:
+    """Whether ``text`` is mostly written without spaces (CJK characters among its letters)."""
+    letters = len(_LETTERS.findall(text))
+    return letters > 0 and len(_CJK.findall(text)) * 3 >= letters
+
+
+_QUESTION = re.compile(r"[?？¿]|(吗|呢|か)\s*$")
+
+
+def is_question(text: str) -> bool:
+    """Whether ``text`` asks something (a question mark, or a CJK question particle at the end)."""
+    return _QUESTION.search(text.strip()) is not None
+
+
+def char_ngrams(text: str, ngrams: tuple[int, int] = (2, 4)) -> list[str]:
+    """Character n-grams inside words (each padded with one space, as scikit-learn's
+    ``char_wb``) after punctuation is dropped, plus every CJK character on its own: in Chinese
+    and Japanese one character often is a word."""
+    out: list[str] = []
+    lo, hi = ngrams
+    for word in _NON_WORD.sub(" ", text.lower()).split():
+        padded = f" {word} "
+        for n in range(lo, hi + 1):
+            out += [padded[i:i + n] for i in range(len(padded) - n + 1)]
+    out += _CJK.findall(text)
+    return out
+
+
+def word_tokens(text: str) -> list[str]:
+    """Lower-cased words of two or more characters (none for unspaced CJK text)."""
+    if is_cjk(text):
+        return []
+    return [w for w in _NON_WORD.sub(" ", text.lower()).split() if len(w) > 1]
