@@ -105,14 +105,15 @@ class _EntryClock:
 def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
                progress: Callable[[int, int], None] | None = None, late_turn: int = LATE_TURN,
                engine: Any = None, concurrent: bool = False, scope: str = "session",
-               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+               log_config: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run ``workload`` in both arms on one vLLM engine for ``repeats`` rounds, turn by turn
     (round robin) or in concurrent waves (``concurrent``; module docstring); returns (the report
     without ``RunContext`` fields, one record per arm and turn). ``progress(done, total)`` is
     called after each turn pair (each wave pair when concurrent); ``late_turn``: see
     ``summarize``. ``engine``: a ``VLLMEngine`` to run on (left open, its isolation put back)
     instead of one built from ``options``. ``scope``: ``session`` or ``app`` (module
-    docstring)."""
+    docstring). ``log_config``: a logging ``dictConfig`` file for the engine built here
+    (``same_engine.vllm_log_to``)."""
     from suffixmem.engine import create_engine
     from suffixmem.engine.isolation import IsolationPolicy
     from suffixmem_bench.chat.configs import SuffixmemChat
@@ -122,9 +123,12 @@ def run_paired(workload: Workload, options: EngineOptions, repeats: int = 3,
         raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
     owned = engine is None
     if engine is None:
+        extra = vllm_pool_extra(options).get("extra", {})
+        if log_config:  # vLLM's logging set up from this file when it builds the engine
+            extra = {**extra, "log_config_file": log_config}
         engine = create_engine("vllm", model=options.model, max_model_len=options.max_model_len,
                                kv_cache_gib=options.kv_cache_gib, isolation=scope,
-                               tenant="paired", **vllm_pool_extra(options))
+                               tenant="paired", extra=extra)
     isolation = engine.isolation
 
     def enter(arm: str, rnd: int) -> None:

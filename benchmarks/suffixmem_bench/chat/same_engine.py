@@ -17,7 +17,9 @@ from (``method``: ``paired`` or ``processes``).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -56,38 +58,48 @@ def run_pairs(names: list[str], workload: Workload, options: EngineOptions, repe
     ``engine``: a ``VLLMEngine`` to pair on (left open) instead of one built per pair;
     ``log_path``: where vLLM's own log lines go meanwhile (``vllm_log_to``)."""
     set_threads(options.threads)  # as each configuration's process: the same thread count
-    with vllm_log_to(log_path):
-        return _run_pairs(names, workload, options, repeats, concurrent, progress, engine)
+    with vllm_log_to(log_path) as log_config:
+        return _run_pairs(names, workload, options, repeats, concurrent, progress, engine,
+                          log_config)
 
 
 @contextlib.contextmanager
-def vllm_log_to(path: Path | None) -> Iterator[None]:
-    """vLLM's log lines (its start-up warnings) go to ``path`` while the block runs, as each
+def vllm_log_to(path: Path | None) -> Iterator[str | None]:
+    """vLLM's log lines and Python warnings go to ``path`` while the block runs, as each
     configuration's child process writes its own to a log file: the paired phase runs vLLM in
-    the benchmark's process, whose stderr carries the progress and the report. ``None``: left
+    the benchmark's process, whose stderr carries the progress and the report. Yields the
+    ``dictConfig`` file to give each engine built meanwhile (``EngineArgs.log_config_file``):
+    vLLM reconfigures its logging when it builds an engine, so swapping handlers beforehand
+    does not hold; ``VLLM_LOGGING_CONFIG_PATH`` covers what it logs on import. ``None``: left
     as they are."""
     if path is None:
-        yield
+        yield None
         return
-    import vllm.logger  # noqa: F401  (sets up the "vllm" logger's handlers on import)
-
-    logger = logging.getLogger("vllm")
-    saved, propagate = logger.handlers[:], logger.propagate
-    handler = logging.FileHandler(path, encoding="utf-8")
-    # vLLM's own format where it set one up (VLLM_CONFIGURE_LOGGING=0 leaves none)
-    handler.setFormatter(next((h.formatter for h in saved if h.formatter), None) or
-                         logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
-    logger.handlers, logger.propagate = [handler], False
+    config = path.with_suffix(".logging.json")
+    config.write_text(json.dumps({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(levelname)s %(asctime)s %(name)s: %(message)s"}},
+        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(path),
+                              "formatter": "plain", "encoding": "utf-8"}},
+        "loggers": {name: {"handlers": ["file"], "level": "INFO", "propagate": False}
+                    for name in ("vllm", "py.warnings")},
+    }), encoding="utf-8")
+    before = os.environ.get("VLLM_LOGGING_CONFIG_PATH")
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config)
+    logging.captureWarnings(True)
     try:
-        yield
+        yield str(config)
     finally:
-        logger.handlers, logger.propagate = saved, propagate
-        handler.close()
+        logging.captureWarnings(False)
+        if before is None:
+            os.environ.pop("VLLM_LOGGING_CONFIG_PATH", None)
+        else:
+            os.environ["VLLM_LOGGING_CONFIG_PATH"] = before
 
 
 def _run_pairs(names: list[str], workload: Workload, options: EngineOptions, repeats: int,
                concurrent: bool, progress: Callable[[str, int, int], None] | None,
-               engine: Any) -> dict[str, Any]:
+               engine: Any, log_config: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         peer, scope = PEERS[name]
@@ -95,7 +107,8 @@ def _run_pairs(names: list[str], workload: Workload, options: EngineOptions, rep
             report, _records = run_paired(
                 workload, options, repeats, concurrent=concurrent, scope=scope, engine=engine,
                 progress=None if progress is None else (
-                    lambda done, total, name=name: progress(name, done, total)))
+                    lambda done, total, name=name: progress(name, done, total)),
+                log_config=log_config)
         except Exception as e:  # reported in the JSON, never estimated
             out[name] = {"status": "error", "peer": peer, "scope": scope,
                          "reason": f"{type(e).__name__}: {e}"}
