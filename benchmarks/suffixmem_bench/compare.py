@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +70,6 @@ def compare(published: Any, rerun: Any, only: Sequence[str] = (),
     """The check of ``rerun`` against ``published`` (module docstring); ``exactly``: only the
     figures of these names (the ones a README quotes), where a plain number without a spread
     must come back equal."""
-    mine = dict(figures(rerun))
-    outside: list[dict[str, Any]] = []
-    missing: list[str] = []
-    compared = 0
     found = list(figures(published))
     if exactly is not None:  # a quoted plain number (a deterministic figure) must come back
         known = {name for name, _ in found}
@@ -81,12 +77,21 @@ def compare(published: Any, rerun: Any, only: Sequence[str] = (),
             value = number_at(published, name)
             if value is not None:
                 found.append((name, (value, value, value)))
-    for name, (median, lo, hi) in found:
-        if only and not any(s in name for s in only):
-            continue
-        if exactly is not None and name not in exactly:
-            continue
-        new = mine[name][0] if name in mine else number_at(rerun, name)
+    return check([(name, fig) for name, fig in found
+                  if (not only or any(s in name for s in only))
+                  and (exactly is None or name in exactly)], rerun)
+
+
+def check(published: Iterable[tuple[str, Figure]], rerun: Any) -> dict[str, Any]:
+    """``rerun``'s median of each named figure against its published (median, min, max):
+    ``compare``'s result (module docstring). ``bench table --rerun`` checks the README's
+    brackets with it."""
+    mine = dict(figures(rerun))
+    outside: list[dict[str, Any]] = []
+    missing: list[str] = []
+    compared = 0
+    for name, (median, lo, hi) in published:
+        new = median_at(rerun, name, mine)
         if new is None:
             missing.append(name)
             continue
@@ -97,6 +102,13 @@ def compare(published: Any, rerun: Any, only: Sequence[str] = (),
                             "move": new / median - 1 if median else math.inf})
     return {"figures": compared, "inside": compared - len(outside), "outside": outside,
             "missing": missing, "survives": not outside and not missing}
+
+
+def median_at(report: Any, name: str, found: Mapping[str, Figure]) -> float | None:
+    """A report's median of figure ``name``: from ``found`` (``dict(figures(report))``, built
+    once by a caller that looks up many names) where it has a spread, else the plain number at
+    that path (``number_at``)."""
+    return found[name][0] if name in found else number_at(report, name)
 
 
 def number_at(report: Any, name: str) -> float | None:

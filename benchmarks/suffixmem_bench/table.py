@@ -24,13 +24,12 @@ against the brackets the README shows (``rerun_check``).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from suffixmem_bench.compare import Figure, figures, load_report, number_at
+from suffixmem_bench.compare import Figure, check, figures, load_report, median_at, number_at
 from suffixmem_bench.interval import LEVEL, drift, widen
 from suffixmem_bench.pool import pool
 
@@ -72,7 +71,7 @@ def intervals(template: str, load: Callable[[str], Any]) -> dict[str, dict[str, 
     paths, body = _reports(template)
     loaded = {alias: load(path) for alias, path in paths.items()}
     found_in = {alias: dict(figures(report)) for alias, report in loaded.items()}
-    values = _run_values(template, paths, load)
+    values = _run_values(template, _pooled_runs(template, paths, load))
     drifts = drift(values.values())
     out: dict[str, dict[str, Figure]] = {}
     for m in PLACEHOLDER.finditer(body):
@@ -103,18 +102,7 @@ def rerun_check(template: str, load: Callable[[str], Any], alias: str,
     if alias not in shown:
         raise ValueError(f"the template quotes no figure of a report named {alias!r} "
                          f"(one of {sorted(shown)})")
-    run = _index(rerun)
-    outside, missing = [], []
-    for name, (median, lo, hi) in sorted(shown[alias].items()):
-        new = _value(run, name)
-        if new is None:
-            missing.append(name)
-        elif not lo <= new <= hi:
-            outside.append({"figure": name, "median": median, "min": lo, "max": hi,
-                            "rerun": new, "move": new / median - 1 if median else math.inf})
-    compared = len(shown[alias]) - len(missing)
-    return {"figures": compared, "inside": compared - len(outside), "outside": outside,
-            "missing": missing, "survives": not outside and not missing}
+    return check(sorted(shown[alias].items()), rerun)
 
 
 def quoted(template: str) -> dict[str, set[str]]:
@@ -135,20 +123,18 @@ def held_out_check(template: str, load: Callable[[str], Any],
     names); at the top, their sums, ``level`` and the ``drift`` of all runs by kind. Reports
     pooled from fewer runs are listed under ``unchecked``."""
     paths, _ = _reports(template)
-    values = _run_values(template, paths, load)
+    pooled_runs = _pooled_runs(template, paths, load)
+    values = _run_values(template, pooled_runs)
     out: dict[str, Any] = {"level": level, "drift": {
         k: {"sigma": d.sigma, "dof": d.dof} for k, d in drift(values.values()).items()},
         "reports": {}, "unchecked": []}
     for alias, names in quoted(template).items():
         if alias not in paths:
             raise ValueError(f"no report named {alias!r} in the template")
-        pooled = _pooled(load, paths[alias])
-        runs = [p.get("path") for p in pooled.get("pooled_from", [])]
+        pooled, runs, indexed = pooled_runs.get(alias, ({}, [], []))
         if len(runs) < 3:
             out["unchecked"].append(alias)
             continue
-        reports = [load(p) for p in runs]
-        indexed = [_index(r) for r in reports]
         row: dict[str, Any] = {"figures": 0, "inside": 0, "inside_range": 0, "outside": {}}
         for i, left_out in enumerate(runs):
             rest = [r for j, r in enumerate(indexed) if j != i]
@@ -156,8 +142,9 @@ def held_out_check(template: str, load: Callable[[str], Any],
             drifts = drift(others.values())
             rest_pool = _index(pool([r for r, _ in rest], [p for p in runs if p != left_out],
                                     list(pooled.get("pooled_differences", {}))))
+            report, report_figures = indexed[i]
             for name in sorted(names):
-                new, found = _value(indexed[i], name), rest_pool[1].get(name)
+                new, found = median_at(report, name, report_figures), rest_pool[1].get(name)
                 if found is None:  # a plain number: one value in every run, or none
                     plain = number_at(rest_pool[0], name)
                     found = None if plain is None else (plain, plain, plain)
@@ -193,21 +180,30 @@ def _show(fig: tuple[float, float, float], scale: float, decimals: int, suffix: 
     return f"{median}{suffix} [{lo}–{hi}]"
 
 
-def _run_values(template: str, paths: Mapping[str, str],
-                load: Callable[[str], Any]) -> dict[str, dict[str, list[float]]]:
-    """For each report pooled from 2 runs or more: each quoted figure's runs' medians."""
+Indexed = tuple[Any, dict[str, Figure]]  # a report and its figures by name
+
+
+def _pooled_runs(template: str, paths: Mapping[str, str], load: Callable[[str], Any]
+                 ) -> dict[str, tuple[Any, list[str], list[Indexed]]]:
+    """Each quoted report pooled from 2 runs or more: (the pooled report, its runs' paths, the
+    runs read and indexed), so each run is read and walked once."""
     out = {}
-    for alias, names in quoted(template).items():
+    for alias in quoted(template):
         if alias not in paths:  # render names it in its one-line error
             continue
-        runs = [p.get("path") for p in _pooled(load, paths[alias]).get("pooled_from", [])]
+        pooled = _pooled(load, paths[alias])
+        runs = [p.get("path") for p in pooled.get("pooled_from", [])]
         if len(runs) >= 2:
-            indexed = [_index(load(p)) for p in runs]
-            out[alias] = {name: _values(indexed, name) for name in names}
+            out[alias] = (pooled, runs, [_index(load(p)) for p in runs])
     return out
 
 
-Indexed = tuple[Any, dict[str, Figure]]  # a report and its figures by name
+def _run_values(template: str, pooled_runs: Mapping[str, tuple[Any, list[str], list[Indexed]]]
+                ) -> dict[str, dict[str, list[float]]]:
+    """Each quoted figure's runs' medians, for each report of ``pooled_runs``."""
+    names = quoted(template)
+    return {alias: {name: _values(indexed, name) for name in names[alias]}
+            for alias, (_, _, indexed) in pooled_runs.items()}
 
 
 def _index(report: Any) -> Indexed:
@@ -215,13 +211,8 @@ def _index(report: Any) -> Indexed:
 
 
 def _values(runs: list[Indexed], name: str) -> list[float]:
-    return [v for v in (_value(r, name) for r in runs) if v is not None]
-
-
-def _value(run: Indexed, name: str) -> float | None:
-    """A run's median of figure ``name`` (with a spread, else the plain number there)."""
-    found = run[1].get(name)
-    return found[0] if found else number_at(run[0], name)
+    return [v for v in (median_at(report, name, found) for report, found in runs)
+            if v is not None]
 
 
 def _pooled(load: Callable[[str], Any], path: str) -> Any:
