@@ -9,7 +9,7 @@ third of absolute times (``bench table --held-out`` measured 191 of 313 inside).
 A figure's **prediction interval** is where its next run's median lands with probability
 ``LEVEL`` (99%), under a log-normal model of run-to-run variation: ``exp(mean ± t · σ ·
 sqrt(1 + 1/n))`` over the log of its ``n`` runs' medians, ``t`` the Student quantile at the
-pooled degrees of freedom. One figure has 3-5 runs, too few to estimate its own σ, so σ is
+pooled degrees of freedom. One figure has 3-6 runs, too few to estimate its own σ, so σ is
 pooled across the figures of one **kind** over every row of the README (``kind``): one host's
 drift moves every absolute time alike, and its effect on a ratio depends on whether both arms
 ran in one process (``paired``) or in alternating processes (``ratio``). The interval quoted is
@@ -75,7 +75,7 @@ def drift(rows: Iterable[Mapping[str, Sequence[float]]]) -> dict[str, Drift]:
             mean = sum(logs) / len(logs)
             squares[k] = squares.get(k, 0.0) + sum((x - mean) ** 2 for x in logs)
             dof[k] = dof.get(k, 0) + len(logs) - 1
-    return {k: Drift(math.sqrt(squares[k] / dof[k]), dof[k]) for k in squares if dof[k]}
+    return {k: Drift(math.sqrt(squares[k] / dof[k]), dof[k]) for k in sorted(squares) if dof[k]}
 
 
 def predict(values: Sequence[float], spread: Drift, level: float = LEVEL) -> tuple[float, float]:

@@ -138,7 +138,7 @@ def held_out_check(template: str, load: Callable[[str], Any],
         row: dict[str, Any] = {"figures": 0, "inside": 0, "inside_range": 0, "outside": {}}
         for i, left_out in enumerate(runs):
             rest = [r for j, r in enumerate(indexed) if j != i]
-            others = dict(values, **{alias: {n: _values(rest, n) for n in names}})
+            others = dict(values, **{alias: {n: _values(rest, n) for n in sorted(names)}})
             drifts = drift(others.values())
             rest_pool = _index(pool([r for r, _ in rest], [p for p in runs if p != left_out],
                                     list(pooled.get("pooled_differences", {}))))
@@ -202,7 +202,7 @@ def _run_values(template: str, pooled_runs: Mapping[str, tuple[Any, list[str], l
                 ) -> dict[str, dict[str, list[float]]]:
     """Each quoted figure's runs' medians, for each report of ``pooled_runs``."""
     names = quoted(template)
-    return {alias: {name: _values(indexed, name) for name in names[alias]}
+    return {alias: {name: _values(indexed, name) for name in sorted(names[alias])}
             for alias, (_, _, indexed) in pooled_runs.items()}
 
 
