@@ -59,8 +59,21 @@ def run_pairs(names: list[str], workload: Workload, options: EngineOptions, repe
     ``log_path``: where vLLM's own log lines go meanwhile (``vllm_log_to``)."""
     set_threads(options.threads)  # as each configuration's process: the same thread count
     with vllm_log_to(log_path) as log_config:
-        return _run_pairs(names, workload, options, repeats, concurrent, progress, engine,
-                          log_config)
+        out: dict[str, Any] = {}
+        for name in names:
+            peer, scope = PEERS[name]
+            try:
+                report, _records = run_paired(
+                    workload, options, repeats, concurrent=concurrent, scope=scope, engine=engine,
+                    progress=None if progress is None else (
+                        lambda done, total, name=name: progress(name, done, total)),
+                    log_config=log_config)
+            except Exception as e:  # reported in the JSON, never estimated
+                out[name] = {"status": "error", "peer": peer, "scope": scope,
+                             "reason": f"{type(e).__name__}: {e}"}
+                continue
+            out[name] = summary(report, peer, scope)
+        return out
 
 
 @contextlib.contextmanager
@@ -95,26 +108,6 @@ def vllm_log_to(path: Path | None) -> Iterator[str | None]:
             os.environ.pop("VLLM_LOGGING_CONFIG_PATH", None)
         else:
             os.environ["VLLM_LOGGING_CONFIG_PATH"] = before
-
-
-def _run_pairs(names: list[str], workload: Workload, options: EngineOptions, repeats: int,
-               concurrent: bool, progress: Callable[[str, int, int], None] | None,
-               engine: Any, log_config: str | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in names:
-        peer, scope = PEERS[name]
-        try:
-            report, _records = run_paired(
-                workload, options, repeats, concurrent=concurrent, scope=scope, engine=engine,
-                progress=None if progress is None else (
-                    lambda done, total, name=name: progress(name, done, total)),
-                log_config=log_config)
-        except Exception as e:  # reported in the JSON, never estimated
-            out[name] = {"status": "error", "peer": peer, "scope": scope,
-                         "reason": f"{type(e).__name__}: {e}"}
-            continue
-        out[name] = summary(report, peer, scope)
-    return out
 
 
 def summary(report: dict[str, Any], peer: str, scope: str) -> dict[str, Any]:
