@@ -53,7 +53,11 @@ from suffixmem.conversation.temperature import (  # noqa: F401
     START_TEMPERATURE,
     SemanticTemperature,
 )
-from suffixmem.conversation.topic_cues import continues_topic, has_shift_marker
+from suffixmem.conversation.topic_cues import (
+    continues_topic,
+    has_shift_marker,
+    is_acknowledgement,
+)
 from suffixmem.conversation.topic_signals import DEFAULT_MODEL, GAIN_MODEL, SignalModel
 from suffixmem.conversation.topic_text import char_ngrams, content_chars, is_question, word_tokens
 from suffixmem.conversation.topic_vector import EMPTY, SparseRow, hashed_counts
@@ -292,6 +296,8 @@ class TopicDetector:
             return TopicVerdict(False, sim, reason="too little content")
         if has_shift_marker(message):
             return TopicVerdict(sim < cfg.marker_ceiling, sim, reason="shift marker")
+        if is_acknowledgement(message):
+            return TopicVerdict(False, sim, reason="reaction")
         if found is not None and self.model is not None:
             if self.gain is not None:
                 found[1].append(self._gain(state, message))

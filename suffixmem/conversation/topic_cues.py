@@ -5,8 +5,11 @@ conjunction or a question word ("and", "why", "what about", "und", "y", "那", "
 back with a pronoun ("is it", "sind sie", "它"); a speaker who leaves the subject often says so
 ("by the way", "unrelated question", "übrigens", "por cierto", "顺便问一下", "ところで").
 
-``has_shift_marker(text)`` and ``continues_topic(text)`` match lower-cased text: phrases of
-spaced languages on word boundaries, CJK phrases as substrings.
+A message that only acknowledges the answer ("thanks", "got it", "merci", "спасибо", "ありがとう")
+reacts to the topic and never opens a new one.
+
+``has_shift_marker(text)``, ``continues_topic(text)`` and ``is_acknowledgement(text)`` match
+lower-cased text: phrases of spaced languages on word boundaries, CJK phrases as substrings.
 """
 
 from __future__ import annotations
@@ -30,18 +33,23 @@ SHIFT_MARKERS: tuple[str, ...] = (
     # French
     "au fait", "autre question", "autre chose", "changement de sujet", "rien à voir",
     "sans rapport", "changeons de sujet",
+    "changer de sujet", "autre sujet", "tout autre chose", "question sans rapport",
     # Italian / Portuguese / Dutch
     "a proposito", "cambiando argomento", "altra domanda", "mudando de assunto",
     "outra pergunta", "por falar nisso", "trouwens", "andere vraag", "ander onderwerp",
-    # Russian / Turkish
-    "кстати", "другой вопрос", "сменим тему", "bu arada", "başka bir soru",
+    "cambiando discorso", "tutt'altra cosa", "non c'entra", "altro argomento",
+    "aliás", "outro assunto", "outra coisa", "nada a ver", "iets anders", "ander punt",
+    # Russian / Ukrainian / Turkish
+    "кстати", "другой вопрос", "сменим тему", "другая тема", "не по теме", "совсем другое",
+    "вопрос не по теме", "к слову", "до речі", "інше питання", "bu arada", "başka bir soru",
+    "konu değiştirelim", "alakasız ama",
     # Chinese
     "顺便问", "顺便说", "换个话题", "另一个问题", "另外一个问题", "题外话", "说点别的", "换个问题",
     "顺便請問", "換個話題", "另外問", "另外问一下",
     # Japanese
-    "ところで", "話は変わ", "別の質問", "話題を変え", "関係ないけど", "全然違う",
+    "ところで", "話は変わ", "別の質問", "話題を変え", "関係ないけど", "全然違う", "ちなみに",
     # Korean
-    "그건 그렇고", "다른 질문", "주제를 바꿔",
+    "그건 그렇고", "다른 질문", "주제를 바꿔", "그나저나", "다른 얘기", "다른 이야기", "딴 얘기",
 )
 
 # a message that opens with one of these builds on what was said before
@@ -62,6 +70,16 @@ CONTINUATION_OPENERS: tuple[str, ...] = (
     "o sea", "y si", "también",
     # French
     "et", "mais", "pourquoi", "alors", "vraiment", "lequel", "laquelle", "par exemple",
+    "donc", "c'est-à-dire", "aussi", "et si", "et pour",
+    # Italian / Portuguese
+    "e", "ma", "perché", "allora", "quindi", "davvero", "per esempio", "cioè", "anche",
+    "mas", "por que", "então", "tipo", "também", "e se",
+    # Dutch / Turkish
+    "maar", "waarom", "dus", "echt", "bijvoorbeeld", "ve", "ama", "neden", "peki",
+    "yani", "mesela",
+    # Russian / Ukrainian
+    "а", "и", "но", "почему", "зачем", "тогда", "то есть", "например", "правда", "а если",
+    "чому", "тоді", "наприклад",
     # Chinese
     "那", "为什么", "為什麼", "为啥", "还有", "還有", "然后", "然後", "第一个", "第二个", "第三个",
     "它", "他们", "她们", "这个", "那个", "这些", "那些", "真的", "怎么会", "比如", "所以",
@@ -69,6 +87,9 @@ CONTINUATION_OPENERS: tuple[str, ...] = (
     # Japanese
     "なぜ", "どうして", "それ", "その", "あれ", "じゃあ", "では", "でも", "それで", "二つ目",
     "他には", "ほかには", "本当", "例えば", "つまり",
+    # Korean
+    "그럼", "그러면", "왜", "그래서", "그리고", "그거", "그것", "거기", "이거", "예를 들어",
+    "정말", "진짜", "두 번째",
 )
 
 # pronouns that refer back (in a message of a few words they point at the previous turn)
@@ -78,13 +99,35 @@ ANAPHORA: tuple[str, ...] = (
     "er", "ihn", "ihm", "dafür", "davon", "damit", "dort", "dabei", "dazu",
     "eso", "esto", "ese", "esa", "ellos", "ellas", "allí", "allá", "ahí",
     "ça", "cela", "ceci", "il", "elle", "ils", "elles",
+    "lo", "questo", "quello", "questa", "quella", "lì", "là", "isso", "isto", "ele", "ela",
+    "eles", "elas", "dat", "daar", "bu", "şu", "orada",
+    "это", "он", "она", "оно", "они", "его", "её", "их", "там", "це", "він", "вона", "вони",
     "它", "他们", "她",
     "それ", "その", "あれ", "彼", "彼女", "そこ",
+    "그거", "그것", "거기", "그게",
 )
+
+# a message made only of these acknowledges the last answer ("thanks, that helps")
+ACKNOWLEDGEMENTS: tuple[str, ...] = (
+    "thanks", "thank you", "thx", "ok", "okay", "got it", "i see", "makes sense", "great",
+    "cool", "nice", "perfect", "understood", "all right", "alright", "sounds good",
+    "danke", "vielen dank", "alles klar", "verstehe", "verstanden", "super", "prima",
+    "gracias", "muchas gracias", "vale", "entendido", "de acuerdo", "genial", "perfecto",
+    "merci", "merci beaucoup", "d'accord", "compris", "parfait", "je vois",
+    "grazie", "grazie mille", "va bene", "capito", "perfetto",
+    "obrigado", "obrigada", "entendi", "beleza", "valeu", "bedankt", "dank je", "duidelijk",
+    "спасибо", "понятно", "ясно", "хорошо", "ладно", "дякую", "зрозуміло", "teşekkürler",
+    "tamam", "anladım",
+    "谢谢", "謝謝", "多谢", "明白了", "懂了", "好的", "知道了", "了解",
+    "ありがとう", "なるほど", "わかりました", "了解です", "了解しました",
+    "고마워", "고맙습니다", "감사합니다", "알겠어", "알겠습니다", "그렇구나",
+)
+# letters (CJK characters count 3) after the opening thanks: "Ok. Now tell me about Rome" says more
+ACKNOWLEDGEMENT_MAX_REST = 16
 # pronouns count only in messages this short (letters; CJK characters count 3)
 ANAPHORA_MAX_CONTENT = 25
-# a Chinese "X呢?" ("and X?") or Japanese "Xは?" is a follow-up by its form
-_FOLLOW_UP_ENDINGS = re.compile(r"(呢|は)\s*[?？]?\s*$")
+# a Chinese "X呢?" ("and X?"), Japanese "Xは?" or Korean "X은/는?" is a follow-up by its form
+_FOLLOW_UP_ENDINGS = re.compile(r"(呢|は|은|는)\s*[?？]?\s*$")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 _LETTERS = re.compile(r"[^\W\d_]", re.UNICODE)
 _LEADING = re.compile(r"^[\W_]+", re.UNICODE)
@@ -102,6 +145,7 @@ def _pattern(phrases: tuple[str, ...], anchored: bool) -> re.Pattern[str]:
 _SHIFT = _pattern(SHIFT_MARKERS, anchored=False)
 _OPENER = _pattern(CONTINUATION_OPENERS, anchored=True)
 _ANAPHORA = _pattern(ANAPHORA, anchored=False)
+_ACK = _pattern(ACKNOWLEDGEMENTS, anchored=True)
 
 
 def _clean(text: str) -> str:
@@ -120,5 +164,18 @@ def continues_topic(text: str) -> bool:
     t = _clean(text)
     if _OPENER.search(t) or _FOLLOW_UP_ENDINGS.search(t):
         return True
-    content = len(_LETTERS.findall(t)) + 2 * len(_CJK.findall(t))
-    return content <= ANAPHORA_MAX_CONTENT and _ANAPHORA.search(t) is not None
+    return _content(t) <= ANAPHORA_MAX_CONTENT and _ANAPHORA.search(t) is not None
+
+
+def is_acknowledgement(text: str) -> bool:
+    """Whether ``text`` only acknowledges the last answer: it opens with a thanks or an "ok",
+    asks nothing and adds little ("Thanks, that helps.", "Merci beaucoup", "好的，明白了")."""
+    t = _clean(text)
+    found = _ACK.search(t)
+    if found is None or "?" in t or "？" in t:
+        return False
+    return _content(t[found.end():]) <= ACKNOWLEDGEMENT_MAX_REST
+
+
+def _content(t: str) -> int:
+    return len(_LETTERS.findall(t)) + 2 * len(_CJK.findall(t))

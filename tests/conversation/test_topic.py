@@ -21,7 +21,11 @@ from suffixmem.conversation.topic import (
     content_chars,
     default_detector,
 )
-from suffixmem.conversation.topic_cues import continues_topic, has_shift_marker
+from suffixmem.conversation.topic_cues import (
+    continues_topic,
+    has_shift_marker,
+    is_acknowledgement,
+)
 from suffixmem.errors import ConfigError
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -84,6 +88,34 @@ def test_cues() -> None:
     assert not has_shift_marker("the wayward son")  # phrases match on word boundaries
 
 
+def test_cues_beyond_the_tuning_languages() -> None:
+    """Russian, Italian, Portuguese, Korean, French: the same cues as the tuned languages."""
+    for text in ("Кстати, как хранить картошку?", "A proposito, come si rinnova la patente?",
+                 "Aliás, qual a melhor época?", "그나저나 서울 날씨는 어때?",
+                 "Je voudrais changer de sujet : un bon jeu ?", "ちなみに、富士山は高い？"):
+        assert has_shift_marker(text), text
+    for text in ("А обратно?", "Perché le uova?", "E a noite?", "그럼 얼마야?",
+                 "지하철로 가기 쉬운 곳은?", "Donc ça marche ?", "Почему так?"):
+        assert continues_topic(text), text
+    for text in ("Как поменять масло в машине?", "Quali sono le montagne più alte d'Italia?",
+                 "겨울에 김장은 언제 해"):
+        assert not continues_topic(text) and not has_shift_marker(text), text
+
+
+def test_acknowledgements_are_reactions_never_jumps() -> None:
+    for text in ("Thanks, that helps.", "Merci beaucoup", "Ok grazie", "ありがとう！",
+                 "Danke, sehr hilfreich.", "好的，明白了", "Спасибо", "고마워", "D'accord, merci."):
+        assert is_acknowledgement(text), text
+    # a question, or an "ok" that goes on to say something new, is not a mere acknowledgement
+    for text in ("ok, and the ThinkPad?", "Ok. Now tell me about the history of Rome",
+                 "Thanksgiving recipes please", "What does okay mean?"):
+        assert not is_acknowledgement(text), text
+    d = default_detector()
+    state = d.replay([("Wie lange muss ich Spaghetti kochen?", "Meist 8 bis 10 Minuten.")])
+    v = d.observe_user(state, "Vielen Dank, sehr hilfreich!")
+    assert not v.jump and v.reason == "reaction"
+
+
 def test_min_content_is_never_a_jump() -> None:
     d = TopicDetector(TopicConfig(threshold=0.99))
     state = TopicState()
@@ -131,7 +163,8 @@ def test_bench_json_shape() -> None:
     natural = load_natural()
     assert len(natural) >= 40 and all(8 <= len(s) <= 16 for s in natural)
     r = json.loads(json.dumps(run_topics(8, 0, ["english", "chinese"])))
-    assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural"}
+    assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural",
+                                  "natural-fresh", "natural-blind"}
     for d in r["datasets"].values():
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "turns", "jumps"}
         assert 0 <= d["f1"] <= 1 and d["turns"] > 0
@@ -148,7 +181,11 @@ def test_bench_json_shape() -> None:
 
     tune = load_natural(NATURAL_TUNE)
     assert r["tuning"]["natural_tune_sessions"] == len(tune) >= 10 and not r["tuning"]["scored"]
-    scored = {q for s in natural for q, _, _ in s if len(q) >= 20}
+    from suffixmem_bench.topics import NATURAL_BLIND, NATURAL_FRESH
+
+    fresh = load_natural(NATURAL_FRESH) + load_natural(NATURAL_BLIND)
+    assert len(fresh) >= 50 and all(7 <= len(s) <= 16 for s in fresh)
+    scored = {q for s in natural + fresh for q, _, _ in s if len(q) >= 20}
     assert not scored & {q for s in tune for q, _, _ in s}
     assert set(r["model"]) >= {"sim", "novelty", "bias", "cutoff"}
     assert r["session_construction"] == "contiguous"
