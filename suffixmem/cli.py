@@ -64,34 +64,45 @@ UPSTREAM = typer.Option(
     None, "--upstream", help="vLLM server URL for --engine remote (repeat for replicas).")
 
 
-CONTEXT_GAIN = typer.Option(
-    False, "--context-gain", help="Topic jumps also weigh the served model's context gain "
-    "(more accurate on conversation, ~80 ms a turn on a 2-core CPU; docs/conversation.md).")
+TOPIC_SIGNAL = typer.Option(
+    "tfidf", "--topic-signal", help="What topic jumps weigh besides TF-IDF and conversation "
+    "cues: tfidf (nothing more), hidden (the served model's hidden states, ~10 ms a turn) or "
+    "gain (its context gain, ~80 ms a turn); see docs/conversation.md.")
 
 
-def _manager_config(model: str, context_gain: bool, **fields: Any) -> Any:
+def _manager_config(model: str, topic_signal: str = "tfidf", **fields: Any) -> Any:
     """``ManagerConfig(**fields)``, checked first (before a model loads); with
-    ``context_gain`` its topic detector also weighs the served model's context gain
-    (``suffixmem.context_gain``: loads the model a second time)."""
+    ``topic_signal`` ``hidden`` or ``gain`` its topic detector also weighs that signal of the
+    served model (``suffixmem.hidden_similarity``, ``suffixmem.context_gain``: each loads
+    the model's weights a second time)."""
     import dataclasses
 
     from suffixmem.conversation.manager_config import ManagerConfig
 
+    if topic_signal not in ("tfidf", "hidden", "gain"):
+        raise ConfigError(f"--topic-signal must be tfidf, hidden or gain, got {topic_signal!r}")
     config = ManagerConfig(**fields)
-    if not context_gain:
+    if topic_signal == "tfidf":
         return config
-    from suffixmem.context_gain import ContextGain
     from suffixmem.conversation.topic import default_detector
 
-    return dataclasses.replace(config, topic_detector=default_detector(gain=ContextGain(model)))
+    if topic_signal == "hidden":
+        from suffixmem.hidden_similarity import HiddenSimilarity
+
+        signal: Any = HiddenSimilarity(model)
+    else:
+        from suffixmem.context_gain import ContextGain
+
+        signal = ContextGain(model)
+    return dataclasses.replace(config, topic_detector=default_detector(gain=signal))
 
 
 def _make_manager(engine_name: str, model: str, database: str, max_model_len: int,
-                  upstream: list[str] | None = None, context_gain: bool = False) -> Any:
+                  upstream: list[str] | None = None, topic_signal: str = "tfidf") -> Any:
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
 
-    config = _manager_config(model, context_gain)  # before the engine: its errors are cheap
+    config = _manager_config(model, topic_signal)  # before the engine: its errors are cheap
 
     if engine_name == "remote":
         if not upstream:
@@ -178,7 +189,7 @@ def chat(
         None, help="Sampling temperature (default: the session's semantic temperature)."),
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
-    context_gain: bool = CONTEXT_GAIN,
+    topic_signal: str = TOPIC_SIGNAL,
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new)
@@ -189,7 +200,7 @@ def chat(
         # instead of a UnicodeDecodeError that would end the REPL
         sys.stdin.reconfigure(errors="surrogateescape")
     with err_console.status(f"starting the {engine} engine on {model} ..."), quiet_stdout():
-        mgr = _make_manager(engine, model, url, max_model_len, upstream, context_gain)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal)
     try:
         sid = _session_to_use(mgr, session, new)
         info = (mgr.get_session(sid) if sid is not None and not new
@@ -255,7 +266,7 @@ def ask(
         None, help="Sampling temperature (default: the session's semantic temperature)."),
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
-    context_gain: bool = CONTEXT_GAIN,
+    topic_signal: str = TOPIC_SIGNAL,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """One-shot question; the turn is stored (a new session unless --session names one) and
@@ -265,7 +276,7 @@ def ask(
     if not text.strip():
         raise InvalidRequestError("the message is empty")
     with quiet_stdout():  # engine start-up logs go to stderr
-        mgr = _make_manager(engine, model, url, max_model_len, upstream, context_gain)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal)
     try:
         sid = _session_to_use(mgr, session, new) or uuid.uuid4().hex
         # create=True: the session row is written with the turn's commit, never before it
@@ -312,7 +323,7 @@ def serve(
     durability: str = typer.Option(
         "async", help="When a finished turn is stored: async (just after the reply; the "
         "default) or sync (before it is sent). See docs/conversation.md."),
-    context_gain: bool = CONTEXT_GAIN,
+    topic_signal: str = TOPIC_SIGNAL,
 ) -> None:
     """OpenAI-compatible HTTP server with sessions and a web chat page at / (see
     docs/server.md)."""
@@ -336,7 +347,7 @@ def serve(
     config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,
                           served_model_name=served_model_name)
     # checked before anything starts
-    manager_config = _manager_config(model, context_gain, durability=durability)
+    manager_config = _manager_config(model, topic_signal, durability=durability)
     err_console.print(f"suffixmem: serving on http://{host}:{port} "
                       f"({'API key required' if keys else 'no API key'})")
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,

@@ -46,6 +46,8 @@ class ContextGain:
     at a time.
     """
 
+    feature = "context_gain"  # the signal model's feature this fills (topic_signals.GAIN_MODEL)
+
     def __init__(self, model: str | Path | tuple[Any, Any], *, dtype: str = "bfloat16",
                  max_context: int = 160, max_message: int = 48) -> None:
         if max_context < 2 or max_message < 1:

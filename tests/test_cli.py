@@ -103,24 +103,30 @@ def test_ask_checks_the_database_before_starting_the_engine(tmp_path: Path) -> N
                     "cannot open the database")
 
 
-def test_context_gain_option_builds_the_gain_detector(tmp_path: Path) -> None:
-    """``--context-gain`` (chat, ask, serve): the manager's detector weighs the served model's
-    gain; a model it cannot load is a one-line error before any engine starts."""
+def test_topic_signal_option_builds_the_detector(tmp_path: Path) -> None:
+    """``--topic-signal hidden|gain`` (chat, ask, serve): the manager's detector weighs that
+    signal of the served model, each with its fitted model; a model it cannot load or an
+    unknown signal is a one-line error before any engine starts."""
     from suffixmem.cli import _manager_config
     from suffixmem.context_gain import ContextGain
-    from suffixmem.conversation.topic_signals import GAIN_MODEL
+    from suffixmem.conversation.topic_signals import GAIN_MODEL, HIDDEN_MODEL
     from suffixmem.errors import ConfigError
+    from suffixmem.hidden_similarity import HiddenSimilarity
 
-    config = _manager_config("smollm2-135m-instruct", True, durability="sync")
+    config = _manager_config("smollm2-135m-instruct", "gain", durability="sync")
     detector = config.topic_detector
     assert isinstance(detector.gain, ContextGain) and detector.model is GAIN_MODEL
     assert config.durability == "sync"
-    assert _manager_config("smollm2-135m-instruct", False).topic_detector is None
+    hidden = _manager_config("smollm2-135m-instruct", "hidden").topic_detector
+    assert isinstance(hidden.gain, HiddenSimilarity) and hidden.model is HIDDEN_MODEL
+    assert _manager_config("smollm2-135m-instruct").topic_detector is None
     with pytest.raises(ConfigError, match="durability"):  # before the model loads
-        _manager_config(str(tmp_path / "none"), True, durability="never")
+        _manager_config(str(tmp_path / "none"), "gain", durability="never")
     for command in (["ask", "hi"], ["serve"]):
-        _one_line_error(_run([*command, "--context-gain", "--model", str(tmp_path / "none")],
-                             tmp_path / "x"), "none")
+        _one_line_error(_run([*command, "--topic-signal", "gain", "--model",
+                              str(tmp_path / "none")], tmp_path / "x"), "none")
+    _one_line_error(_run(["ask", "--topic-signal", "bert", "hi"], tmp_path / "x"),
+                    "--topic-signal must be tfidf, hidden or gain")
 
 
 @pytest.mark.slow

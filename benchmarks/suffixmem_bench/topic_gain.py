@@ -1,13 +1,17 @@
-"""``bench topics --context-gain``: the detector with the served model's context gain
-(``suffixmem.context_gain``) beside the default one, on the same data sets.
+"""``bench topics --context-gain`` / ``--hidden-similarity``: the detector with one of the
+served model's signals (``suffixmem.context_gain``, ``suffixmem.hidden_similarity``) beside the
+default one, on the same data sets.
 
-The gain model (``GAIN_FEATURES``: the six signals plus the gain) is fitted exactly as the
-default one, on the same tuning sessions (English chatterbot tuning topics, natural_tune); the
-scored sets are never seen. Each data set's entry gains ``"context_gain": {"f1", "precision",
-"recall", "auc"}`` (``auc``: the fitted probability as a jump score over the turns it decides);
-the report's top level ``"context_gain": {"model", "tune_f1", "ms_p50", "ms_p99", "calls",
-"f1_min"}``, where the times are the gain's own per message (two forwards of the served model),
-the cost it adds to a turn's verdict.
+The signal's model (``GAIN_FEATURES`` or ``HIDDEN_FEATURES``: the six signals plus it) is
+fitted exactly as the default one, on the same tuning sessions (English chatterbot tuning
+topics, natural_tune); the scored sets are never seen. Each data set's entry gains
+``"context_gain"`` (or ``"hidden_sim"``) ``: {"f1", "precision", "recall", "auc",
+"default_auc"}`` (``auc``: the fitted probability as a jump score over the turns it decides);
+the report's top level the same key with ``{"model", "tune_f1", "ms_p50", "ms_p99", "calls",
+"ms_per_turn_p99", "f1_min"}``, where ``ms_p50``/``ms_p99`` are the signal's own per
+computation in the bench (the gain: two forwards of the served model; the hidden similarity:
+one forward of its first layers per text not remembered) and ``ms_per_turn_p99`` the whole
+verdict's per turn as the default detector's is measured.
 """
 
 from __future__ import annotations
@@ -29,10 +33,20 @@ class MemoGain:
         self.memo: dict[tuple[tuple[str, str], str], float] = {}
         self.ms: list[float] = []
 
+    @property
+    def feature(self) -> str:
+        return str(getattr(self.gain, "feature", "context_gain"))
+
     @classmethod
-    def load(cls, model: str | None = None) -> MemoGain:
-        from suffixmem.context_gain import ContextGain
+    def load(cls, model: str | None = None, signal: str = "context_gain") -> MemoGain:
+        """The served model's ``signal``: ``context_gain`` or ``hidden_sim``."""
         from suffixmem.models import DEFAULT_MODEL
+
+        if signal == "hidden_sim":
+            from suffixmem.hidden_similarity import HiddenSimilarity
+
+            return cls(HiddenSimilarity(model or DEFAULT_MODEL))
+        from suffixmem.context_gain import ContextGain
 
         return cls(ContextGain(model or DEFAULT_MODEL))
 
@@ -88,7 +102,9 @@ def scores(detector: TopicDetector, gain_model: Any, gain: MemoGain,
 
 
 def summary(model: Any, tune_f1: float, gain: MemoGain,
-            datasets: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    scored = [d["context_gain"]["f1"] for d in datasets.values() if "context_gain" in d]
+            datasets: dict[str, dict[str, Any]], turn_ms_p99: float) -> dict[str, Any]:
+    """The report's top-level entry; ``turn_ms_p99``: observe_user + add_turn of the detector
+    with the signal on a 50-turn session (``topics.signal_turn_ms``), the issue's budget."""
+    scored = [d[gain.feature]["f1"] for d in datasets.values() if gain.feature in d]
     return {"model": model.describe(), "tune_f1": round(tune_f1, 4), **gain.timing(),
-            "f1_min": min(scored) if scored else None}
+            "ms_per_turn_p99": turn_ms_p99, "f1_min": min(scored) if scored else None}

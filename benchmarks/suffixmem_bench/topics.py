@@ -60,6 +60,7 @@ from suffixmem.conversation.topic import (
     TopicVerdict,
     content_chars,
     default_detector,
+    signal_name,
 )
 from suffixmem.conversation.topic_corpus import available_languages, load_topics
 from suffixmem.conversation.topic_cues import has_shift_marker, is_acknowledgement
@@ -266,7 +267,8 @@ def fit_model(sets: Sequence[tuple[Featurizer, Sequence[Session]]], gain: Any = 
         ys += y
         ws += [1.0 / len(x)] * len(x)
     scale = len(xs) / len(sets)
-    model = SignalModel.fit(xs, ys, [w * scale for w in ws])
+    model = SignalModel.fit(xs, ys, [w * scale for w in ws],
+                            extra=signal_name(gain) or "context_gain")
 
     def mean_f1(cutoff: float) -> float:
         m = model.with_cutoff(cutoff)
@@ -300,6 +302,14 @@ def per_turn_ms(detector: TopicDetector, turns: int = 50) -> float:
     return times[min(len(times) - 1, int(0.99 * len(times)))]
 
 
+def signal_turn_ms(featurizer: Featurizer, model: SignalModel, gain: Any) -> float:
+    """``per_turn_ms`` of the detector with one of the served model's signals, its
+    remembered vectors dropped first (each turn then pays what serving pays)."""
+    if hasattr(gain, "forget"):
+        gain.forget()
+    return round(per_turn_ms(TopicDetector(None, featurizer, model, gain)), 2)
+
+
 def footprint_here(turns: int = 50) -> dict[str, float]:
     """This process's p99 per turn and peak RSS after loading the default detector and running
     it on a ``turns``-turn session and on the whole natural set (run in a fresh interpreter)."""
@@ -320,11 +330,16 @@ def footprint(turns: int = 50) -> dict[str, float]:
 
 
 def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | None = None,
-               contiguous: bool = True, context_gain: bool = False) -> dict[str, Any]:
+               contiguous: bool = True, context_gain: bool = False,
+               hidden_similarity: bool = False) -> dict[str, Any]:
     """Tune on English held-in topics and the natural tuning sessions; score chatterbot
     held-out topics in ``languages`` (all by default) and the natural set. See the module
-    docstring for the JSON; ``context_gain``: also the detector with the served model's
-    context gain (``topic_gain``)."""
+    docstring for the JSON; ``context_gain`` / ``hidden_similarity``: also the detector with
+    that signal of the served model (``topic_gain``; not both)."""
+    if context_gain and hidden_similarity:
+        raise ValueError("score one served-model signal at a time: context_gain or "
+                         "hidden_similarity")
+    signal = "context_gain" if context_gain else "hidden_sim" if hidden_similarity else None
     names = sorted(load_topics("english"))
     tune_names, test_names = split_topic_names(names, seed)
     tune_sessions = build_sessions(pools("english", tune_names), n_sessions, seed + 1,
@@ -339,10 +354,10 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
     rule = RuleDetector(rule_thr)
     gain = gain_model = None
     gain_tune_f1 = 0.0
-    if context_gain:
+    if signal is not None:
         from suffixmem_bench import topic_gain
 
-        gain = topic_gain.MemoGain.load()
+        gain = topic_gain.MemoGain.load(signal=signal)
         gain_model, gain_tune_f1 = fit_model(
             [(chat_feat, tune_sessions), (shipped, natural_tune)], gain)
 
@@ -370,7 +385,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         if topics is not None:  # the topic files its sessions switch between
             datasets[name]["topics"] = topics
         if gain is not None:
-            d["context_gain"] = topic_gain.scores(detector, gain_model, gain, sessions)
+            d[gain.feature] = topic_gain.scores(detector, gain_model, gain, sessions)
 
     for lang in langs:
         pool = pools(lang, test_names, utterances(tune_pools[lang]))
@@ -392,7 +407,8 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         "tune_topics": tune_names, "test_topics": test_names, "skipped": skipped,
         **footprint(),
         "bench_process_peak_mb": round(peak_rss_mb(), 1),
-        **({"context_gain": topic_gain.summary(gain_model, gain_tune_f1, gain, datasets)}
+        **({gain.feature: topic_gain.summary(gain_model, gain_tune_f1, gain, datasets,
+                                             signal_turn_ms(shipped, gain_model, gain.gain))}
            if gain is not None else {}),
     }
 
@@ -411,13 +427,17 @@ def register(bench: Any) -> None:
         context_gain: bool = typer.Option(
             False, "--context-gain", help="also score the detector with the served model's "
             "context gain (two forwards of the model per message: slow; limit --language)"),
+        hidden_similarity: bool = typer.Option(
+            False, "--hidden-similarity", help="also score the detector with the served "
+            "model's hidden-state similarity (one forward of its first layers per message)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Precision/recall/F1 of topic-jump detection on held-out topics and natural chats."""
         from suffixmem_bench.measure import RunContext
 
         with RunContext() as ctx:  # quality figures, but the JSON carries the run's context too
-            result = run_topics(sessions, seed, language or None, not shuffled, context_gain)
+            result = run_topics(sessions, seed, language or None, not shuffled, context_gain,
+                                hidden_similarity)
         result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
@@ -426,13 +446,13 @@ def register(bench: Any) -> None:
         from rich.table import Table
 
         table = Table(title="topic jumps (tuned on English tuning topics and natural_tune only)")
-        gained = "context_gain" in result
+        gained = next((k for k in ("context_gain", "hidden_sim") if k in result), None)
         for col in ("data set", "turns", "jumps", "precision", "recall", "F1", "rule F1",
-                    *(("F1 with gain",) if gained else ())):
+                    *((f"F1 with {gained}",) if gained else ())):
             table.add_column(col)
         for name, d in result["datasets"].items():
             table.add_row(name, str(d["turns"]), str(d["jumps"]), f"{d['precision']:.3f}",
                           f"{d['recall']:.3f}", f"{d['f1']:.3f}", f"{d['baseline_f1']:.3f}",
-                          *((f"{d['context_gain']['f1']:.3f}",) if gained else ()))
+                          *((f"{d[gained]['f1']:.3f}",) if gained else ()))
         Console().print(table)
         Console().print(f"p99 {result['ms_per_turn_p99']} ms/turn, peak {result['peak_mb']} MB")

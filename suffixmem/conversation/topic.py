@@ -58,7 +58,12 @@ from suffixmem.conversation.topic_cues import (
     has_shift_marker,
     is_acknowledgement,
 )
-from suffixmem.conversation.topic_signals import DEFAULT_MODEL, GAIN_MODEL, SignalModel
+from suffixmem.conversation.topic_signals import (
+    DEFAULT_MODEL,
+    GAIN_MODEL,
+    HIDDEN_MODEL,
+    SignalModel,
+)
 from suffixmem.conversation.topic_text import char_ngrams, content_chars, is_question, word_tokens
 from suffixmem.conversation.topic_vector import EMPTY, SparseRow, hashed_counts
 from suffixmem.errors import ConfigError
@@ -215,9 +220,10 @@ class TopicDetector:
                  featurizer: Featurizer | None = None,
                  model: SignalModel | None = None,
                  gain: Callable[[tuple[str, str], str], float] | None = None) -> None:
-        if model is not None and model.uses_gain != (gain is not None):
-            raise ConfigError("a signal model with GAIN_FEATURES needs a context gain and a "
-                              "gain needs such a model (default_detector(gain=...) pairs them)")
+        if model is not None and model.extra != signal_name(gain):
+            raise ConfigError(f"the signal model weighs {model.extra or 'no served-model signal'}"
+                              f" but the detector was given {signal_name(gain) or 'none'} "
+                              "(default_detector(gain=...) pairs them)")
         self.config = config or TopicConfig()
         self.featurizer = featurizer or Featurizer()
         self.model = model
@@ -376,9 +382,16 @@ def default_detector(config: TopicConfig | None = None,
     """The manager's detector: default ``TopicConfig``, the shipped background IDF (read from
     package data in well under a second; nothing is trained) and the shipped signal model
     (``model=None``: the plain threshold rule). With ``gain`` (a ``ContextGain``: the served
-    model's opinion, opt-in and costly, ``suffixmem.context_gain``) the shipped model is the
-    one fitted with it, ``GAIN_MODEL``. The background is shared between detectors
+    model's opinion, opt-in and costly, ``suffixmem.context_gain``; or a ``HiddenSimilarity``,
+    its hidden states, opt-in, ``suffixmem.hidden_similarity``) the shipped model is the one
+    fitted with it, ``GAIN_MODEL`` or ``HIDDEN_MODEL``. The background is shared between detectors
     (read-only)."""
     if gain is not None and model is DEFAULT_MODEL:
-        model = GAIN_MODEL
+        model = GAIN_MODEL if signal_name(gain) == "context_gain" else HIDDEN_MODEL
     return TopicDetector(config, _background(), model, gain)
+
+
+def signal_name(gain: Callable[[tuple[str, str], str], float] | None) -> str | None:
+    """The signal model feature ``gain`` fills: its ``feature`` attribute (``HiddenSimilarity``
+    says ``hidden_sim``), ``context_gain`` for any other callable, None without one."""
+    return None if gain is None else getattr(gain, "feature", "context_gain")

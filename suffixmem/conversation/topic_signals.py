@@ -18,6 +18,9 @@ The features (computed by ``TopicDetector.signals``, in this order, see ``FEATUR
 - ``context_gain`` (optional, ``GAIN_FEATURES``): nats per token by which the last turn makes
   the message more likely under the served model (``suffixmem.context_gain``); only a detector
   given a ``ContextGain`` computes it.
+- ``hidden_sim`` (optional, ``HIDDEN_FEATURES``): the cosine of the message's and the last
+  user message's mean hidden states at a middle layer of the served model
+  (``suffixmem.hidden_similarity``); only a detector given a ``HiddenSimilarity`` computes it.
 
 No topic list and no vocabulary is learned: only one weight per feature, a bias and the
 decision cutoff. ``DEFAULT_MODEL`` holds the weights that ``suffixmem bench topics`` fits on its
@@ -35,12 +38,16 @@ from suffixmem.errors import ConfigError
 
 FEATURES: tuple[str, ...] = ("sim", "sim_drop", "novelty", "length", "follow_up", "question")
 GAIN_FEATURES: tuple[str, ...] = (*FEATURES, "context_gain")
+HIDDEN_FEATURES: tuple[str, ...] = (*FEATURES, "hidden_sim")
+# the served model's signals, each a seventh feature: its name -> its features
+EXTRA_FEATURES: dict[str, tuple[str, ...]] = {"context_gain": GAIN_FEATURES,
+                                              "hidden_sim": HIDDEN_FEATURES}
 
 
 @dataclass(slots=True, frozen=True)
 class SignalModel:
     """``probability(x) = sigmoid(bias + weights . x)``; a jump when it is >= ``cutoff``.
-    ``features``: what ``x`` holds, ``FEATURES`` or ``GAIN_FEATURES``."""
+    ``features``: what ``x`` holds, ``FEATURES`` or one of ``EXTRA_FEATURES``."""
 
     weights: tuple[float, ...]
     bias: float
@@ -48,8 +55,9 @@ class SignalModel:
     features: tuple[str, ...] = FEATURES
 
     def __post_init__(self) -> None:
-        if self.features not in (FEATURES, GAIN_FEATURES):
-            raise ConfigError(f"features must be FEATURES or GAIN_FEATURES, got {self.features}")
+        if self.features != FEATURES and self.features not in EXTRA_FEATURES.values():
+            raise ConfigError("features must be FEATURES, GAIN_FEATURES or HIDDEN_FEATURES, "
+                              f"got {self.features}")
         if len(self.weights) != len(self.features):
             raise ConfigError(f"weights needs {len(self.features)} values "
                               f"({', '.join(self.features)}), got {len(self.weights)}")
@@ -60,7 +68,13 @@ class SignalModel:
 
     @property
     def uses_gain(self) -> bool:
-        return "context_gain" in self.features
+        """Whether it weighs one of the served model's signals (a seventh feature)."""
+        return self.extra is not None
+
+    @property
+    def extra(self) -> str | None:
+        """The served model's signal it weighs (``context_gain``, ``hidden_sim``), or None."""
+        return self.features[-1] if len(self.features) > len(FEATURES) else None
 
     def probability(self, x: Sequence[float]) -> float:
         """P(jump) for one feature vector (ordered as ``features``)."""
@@ -78,10 +92,11 @@ class SignalModel:
 
     @classmethod
     def fit(cls, x: Sequence[Sequence[float]], y: Sequence[bool],
-            sample_weight: Sequence[float] | None = None, c: float = 1.0) -> SignalModel:
+            sample_weight: Sequence[float] | None = None, c: float = 1.0,
+            extra: str = "context_gain") -> SignalModel:
         """Maximum-likelihood weights (L2-regularised with strength 1/``c``) for features ``x``
-        (rows of ``FEATURES`` or of ``GAIN_FEATURES``, told apart by their length) and jump
-        labels ``y``; the cutoff stays 0.5 (tune it with ``with_cutoff``)."""
+        (rows of ``FEATURES``, or of ``EXTRA_FEATURES[extra]`` when they are one longer) and
+        jump labels ``y``; the cutoff stays 0.5 (tune it with ``with_cutoff``)."""
         import numpy as np
         from sklearn.linear_model import LogisticRegression
 
@@ -90,7 +105,7 @@ class SignalModel:
         lr = LogisticRegression(C=c, max_iter=1000)
         lr.fit(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=bool),
                sample_weight=None if sample_weight is None else np.asarray(sample_weight))
-        features = GAIN_FEATURES if len(x[0]) == len(GAIN_FEATURES) else FEATURES
+        features = EXTRA_FEATURES[extra] if len(x[0]) > len(FEATURES) else FEATURES
         return cls(tuple(round(float(w), 4) for w in lr.coef_[0]),
                    round(float(lr.intercept_[0]), 4), features=features)
 
@@ -109,4 +124,12 @@ DEFAULT_MODEL = SignalModel(
 GAIN_MODEL = SignalModel(
     weights=(-0.5122, 2.5707, -0.0651, 0.276, -1.892, 0.1328, -2.0232), bias=-0.4213,
     cutoff=0.35, features=GAIN_FEATURES,
+)
+
+# fitted with `bench topics --hidden-similarity` (seed 0, the same tuning sessions; layer 12,
+# the first 24 tokens of each message; results/topics/hidden-*.json): the hidden cosine with
+# the last user message weighs against a jump, beside the TF-IDF signals.
+HIDDEN_MODEL = SignalModel(
+    weights=(-2.4552, 2.9704, 0.557, 2.6286, -2.3638, -0.1506, -4.138), bias=0.5387,
+    cutoff=0.25, features=HIDDEN_FEATURES,
 )

@@ -192,23 +192,28 @@ def test_bench_json_shape() -> None:
 
 
 @pytest.mark.slow
-def test_bench_with_the_context_gain() -> None:
-    """``bench topics --context-gain``: the gain model fitted on the tuning sets, scored beside
-    the default detector on every set, with the gain's own cost per message."""
+@pytest.mark.parametrize("signal", ["context_gain", "hidden_sim"])
+def test_bench_with_a_served_model_signal(signal: str) -> None:
+    """``bench topics --context-gain`` / ``--hidden-similarity``: the signal's model fitted on
+    the tuning sets, scored beside the default detector on every set, with the signal's own
+    cost per computation and per turn."""
     sys.path.insert(0, str(BENCH))
-    from suffixmem.conversation.topic_signals import GAIN_FEATURES
+    from suffixmem.conversation.topic_signals import EXTRA_FEATURES
     from suffixmem_bench.topics import run_topics
 
-    r = json.loads(json.dumps(run_topics(3, 0, ["english"], context_gain=True)))
-    g = r["context_gain"]
-    assert set(g["model"]) == {*GAIN_FEATURES, "bias", "cutoff"}
-    assert g["calls"] > 100 and 0 < g["ms_p50"] <= g["ms_p99"]
+    flags = {"context_gain": signal == "context_gain", "hidden_similarity": signal == "hidden_sim"}
+    r = json.loads(json.dumps(run_topics(3, 0, ["english"], **flags)))
+    g = r[signal]
+    assert set(g["model"]) == {*EXTRA_FEATURES[signal], "bias", "cutoff"}
+    assert g["calls"] > 100 and 0 < g["ms_p50"] <= g["ms_p99"] and g["ms_per_turn_p99"] > 0
     for d in r["datasets"].values():
-        assert set(d["context_gain"]) == {"f1", "precision", "recall", "auc", "default_auc"}
-        assert 0 <= d["context_gain"]["f1"] <= 1
-    assert g["f1_min"] == min(d["context_gain"]["f1"] for d in r["datasets"].values())
+        assert set(d[signal]) == {"f1", "precision", "recall", "auc", "default_auc"}
+        assert 0 <= d[signal]["f1"] <= 1
+    assert g["f1_min"] == min(d[signal]["f1"] for d in r["datasets"].values())
     # the default detector's figures do not depend on the flag
     assert r["datasets"]["natural"]["f1"] == run_topics(3, 0, ["english"])["f1"]
+    with pytest.raises(ValueError, match="one served-model signal"):
+        run_topics(3, 0, ["english"], context_gain=True, hidden_similarity=True)
 
 
 def test_similarity_auc_is_one_where_jumps_share_nothing_and_half_where_all_look_alike(
