@@ -25,6 +25,7 @@ from rich.markup import escape
 from suffixmem.cli_checks import (
     _check_database,
     _check_engine,
+    _manager_config,
     _preflight,
     check_text,
     session_to_use,
@@ -68,33 +69,6 @@ TOPIC_SIGNAL = typer.Option(
     "tfidf", "--topic-signal", help="What topic jumps weigh besides TF-IDF and conversation "
     "cues: tfidf (nothing more), hidden (the served model's hidden states, ~10 ms a turn) or "
     "gain (its context gain, ~80 ms a turn); see docs/conversation.md.")
-
-
-def _manager_config(model: str, topic_signal: str = "tfidf", **fields: Any) -> Any:
-    """``ManagerConfig(**fields)``, checked first (before a model loads); with
-    ``topic_signal`` ``hidden`` or ``gain`` its topic detector also weighs that signal of the
-    served model (``suffixmem.hidden_similarity``, ``suffixmem.context_gain``: each loads
-    the model's weights a second time)."""
-    import dataclasses
-
-    from suffixmem.conversation.manager_config import ManagerConfig
-
-    if topic_signal not in ("tfidf", "hidden", "gain"):
-        raise ConfigError(f"--topic-signal must be tfidf, hidden or gain, got {topic_signal!r}")
-    config = ManagerConfig(**fields)
-    if topic_signal == "tfidf":
-        return config
-    from suffixmem.conversation.topic import default_detector
-
-    if topic_signal == "hidden":
-        from suffixmem.hidden_similarity import HiddenSimilarity
-
-        signal: Any = HiddenSimilarity(model)
-    else:
-        from suffixmem.context_gain import ContextGain
-
-        signal = ContextGain(model)
-    return dataclasses.replace(config, topic_detector=default_detector(gain=signal))
 
 
 def _make_manager(engine_name: str, model: str, database: str, max_model_len: int,

@@ -1,7 +1,9 @@
 """What the command line checks before it starts an engine: every bad input costs a second,
 not an engine start-up, and fails with one line (``suffixmem.cli`` prints it and exits 2).
 Order: engine name, sampling values, session id text, SUFFIXMEM_HOME, database URL (parsed and
-opened), then whether ``--session`` names a session there (``--new``: one not there yet)."""
+opened), then whether ``--session`` names a session there (``--new``: one not there yet);
+``_manager_config`` builds the manager's settings (and an opt-in topic signal's model) before
+the engine too."""
 
 from __future__ import annotations
 
@@ -111,3 +113,30 @@ def _preflight(engine: str, max_tokens: int, temperature: float | None,
     if session is not None:
         _check_session(url, session, new)
     return sampling, url
+
+
+def _manager_config(model: str, topic_signal: str = "tfidf", **fields: Any) -> Any:
+    """``ManagerConfig(**fields)``, checked first (before a model loads); with
+    ``topic_signal`` ``hidden`` or ``gain`` its topic detector also weighs that signal of the
+    served model (``suffixmem.hidden_similarity``, ``suffixmem.context_gain``: each loads
+    the model's weights a second time)."""
+    import dataclasses
+
+    from suffixmem.conversation.manager_config import ManagerConfig
+
+    if topic_signal not in ("tfidf", "hidden", "gain"):
+        raise ConfigError(f"--topic-signal must be tfidf, hidden or gain, got {topic_signal!r}")
+    config = ManagerConfig(**fields)
+    if topic_signal == "tfidf":
+        return config
+    from suffixmem.conversation.topic import default_detector
+
+    if topic_signal == "hidden":
+        from suffixmem.hidden_similarity import HiddenSimilarity
+
+        signal: Any = HiddenSimilarity(model)
+    else:
+        from suffixmem.context_gain import ContextGain
+
+        signal = ContextGain(model)
+    return dataclasses.replace(config, topic_detector=default_detector(gain=signal))

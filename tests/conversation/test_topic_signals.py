@@ -136,7 +136,7 @@ def test_a_context_gain_joins_the_signals_where_the_model_decides() -> None:
     assert found is not None and len(found[1]) == len(GAIN_FEATURES) and found[1][-1] == 3.0
     with pytest.raises(ConfigError, match="weighs context_gain but the detector was given none"):
         TopicDetector(None, detector.featurizer, GAIN_MODEL)
-    with pytest.raises(ConfigError, match="no served-model signal but .* given context_gain"):
+    with pytest.raises(ConfigError, match=r"no served-model signal but .* given context_gain"):
         TopicDetector(None, detector.featurizer, DEFAULT_MODEL, gain)
     with pytest.raises(ConfigError, match="features"):
         SignalModel((0.0,) * 3, 0.0, features=("a", "b", "c"))
