@@ -55,10 +55,9 @@ class ContextGain:
                               f"{max_context} and {max_message}")
         import torch
 
-        torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ConfigError(f"unknown dtype {dtype!r}: give a torch dtype's name, such as "
-                              "'bfloat16' or 'float32'")
+        from suffixmem.engine.torch.kv_pool import torch_dtype as parse_dtype
+
+        torch_dtype = parse_dtype(dtype)
         if isinstance(model, tuple):
             self.model, self.tokenizer = model
         else:

@@ -51,41 +51,14 @@ class HiddenSimilarity:
                               f"{layer}, {max_tokens} and {remember}")
         import torch
 
-        torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ConfigError(f"unknown dtype {dtype!r}: give a torch dtype's name, such as "
-                              "'bfloat16' or 'float32'")
-        if isinstance(model, tuple):
-            self.decoder, self.tokenizer = model
-        else:
-            from transformers import AutoConfig, AutoModel, AutoTokenizer
-            from transformers.utils import logging as hf_logging
-
-            from suffixmem.models import resolve_model
-
-            path = str(resolve_model(str(model), progress=False))
-            config = AutoConfig.from_pretrained(path)
-            if layer > config.num_hidden_layers:
-                raise ConfigError(f"layer {layer} is past the model's "
-                                  f"{config.num_hidden_layers} layers")
-            config.num_hidden_layers = layer
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            verbosity = hf_logging.get_verbosity()
-            bar = hf_logging.is_progress_bar_enabled()
-            hf_logging.set_verbosity_error()  # the layers left out are "unused weights": meant
-            hf_logging.disable_progress_bar()  # a chat's first line is not a loading bar
-            try:
-                self.decoder = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype)
-            finally:
-                hf_logging.set_verbosity(verbosity)
-                if bar:
-                    hf_logging.enable_progress_bar()
+        self._torch = torch
+        self.decoder, self.tokenizer = (model if isinstance(model, tuple)
+                                        else _load(str(model), layer, dtype))
         self.decoder.eval()
         self.max_tokens = max_tokens
         self._remember = remember
         self._vectors: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
-        self._torch = torch
 
     def __call__(self, last_turn: tuple[str, str], message: str) -> float:
         with self._lock:
@@ -116,3 +89,31 @@ class HiddenSimilarity:
         if len(self._vectors) > self._remember:
             self._vectors.popitem(last=False)
         return vec
+
+
+def _load(model: str, layer: int, dtype: str) -> tuple[Any, Any]:
+    """(the base model cut to its first ``layer`` decoder layers, its tokenizer), read from
+    the model's local folder; the layers past ``layer`` are never materialised."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from suffixmem.engine.torch.kv_pool import torch_dtype
+    from suffixmem.models import resolve_model
+
+    dtype_ = torch_dtype(dtype)
+    path = str(resolve_model(model, progress=False))
+    config = AutoConfig.from_pretrained(path)
+    if layer > config.num_hidden_layers:
+        raise ConfigError(f"layer {layer} is past the model's {config.num_hidden_layers} layers")
+    config.num_hidden_layers = layer
+    verbosity = hf_logging.get_verbosity()
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # the layers left out are "unused weights": meant
+    hf_logging.disable_progress_bar()  # a chat's first line is not a loading bar
+    try:
+        decoder = AutoModel.from_pretrained(path, config=config, dtype=dtype_)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+    return decoder, AutoTokenizer.from_pretrained(path)
