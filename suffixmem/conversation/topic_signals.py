@@ -118,16 +118,16 @@ DEFAULT_MODEL = SignalModel(
 )
 
 # fitted with `bench topics --context-gain` (seed 0, 120 English chatterbot tuning sessions and
-# the 18 natural tuning sessions; results/topics/context-gain-*.json): with the gain, the
-# similarity's own weight shrinks and its drop below the topic's earlier similarities and the
-# follow-up cue carry the TF-IDF side. Tuning F1 0.744 at cutoff 0.35.
+# the 18 natural tuning sessions; results/topics/context-gain-avx512-8174719.json): with the
+# gain, the similarity's own weight shrinks and its drop below the topic's earlier similarities
+# and the follow-up cue carry the TF-IDF side. Tuning F1 0.744 at cutoff 0.35.
 GAIN_MODEL = SignalModel(
-    weights=(-0.5122, 2.5707, -0.0651, 0.276, -1.892, 0.1328, -2.0232), bias=-0.4213,
+    weights=(-0.56, 2.5437, -0.0298, 0.2575, -1.9322, 0.1018, -2.0019), bias=-0.4059,
     cutoff=0.35, features=GAIN_FEATURES,
 )
 
 # fitted with `bench topics --hidden-similarity` (seed 0, the same tuning sessions; layer 12,
-# the first 24 tokens of each message; results/topics/hidden-*.json): the hidden cosine with
+# the first 24 tokens of each message; results/topics/avx512-bc9e27b.json): the hidden cosine with
 # the last user message weighs against a jump, beside the TF-IDF signals.
 HIDDEN_MODEL = SignalModel(
     weights=(-2.4552, 2.9704, 0.557, 2.6286, -2.3638, -0.1506, -4.138), bias=0.5387,
