@@ -37,8 +37,9 @@ set near it carries little topic signal), ``similarity_auc`` (the rule's similar
 score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the set's jumps);
 ``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped default
 detector on a 50-turn session in a fresh interpreter (what serving adds; this process also
-holds the corpus and the bench's own torch probe). ``--context-gain`` adds the detector with
-the served model's context gain beside the default one (``topic_gain``).
+holds the corpus and the bench's own torch probe). ``--context-gain`` or
+``--hidden-similarity`` adds the detector with that signal of the served model beside the
+default one (``topic_gain``).
 """
 
 from __future__ import annotations

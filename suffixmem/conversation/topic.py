@@ -25,16 +25,18 @@ knows no list of topics and learns nothing at run time beyond the session's own 
    and shipped in code. A detector built without a model (``TopicDetector(config)``) uses the
    plain rule instead: similarity below ``threshold`` (scaled down for short messages) is a
    jump.
-5. **Optionally, the served model's opinion** (``default_detector(gain=ContextGain(...))``,
-   ``suffixmem.context_gain``): how much the last turn makes the message more likely, a
-   seventh feature (``GAIN_MODEL``). It sees what TF-IDF cannot (an elliptical follow-up shares
-   no n-gram with its topic) at the price of two forwards of the model per message.
+5. **Optionally, the served model's own signal**, a seventh feature: its hidden states
+   (``default_detector(gain=HiddenSimilarity(...))``, ``suffixmem.hidden_similarity``: the
+   middle-layer cosine with the last user message, one forward of 12 layers; ``HIDDEN_MODEL``)
+   or its context gain (``gain=ContextGain(...)``, ``suffixmem.context_gain``: how much the last
+   turn makes the message more likely, two forwards of the model; ``GAIN_MODEL``). Both see what
+   TF-IDF cannot (an elliptical follow-up shares no n-gram with its topic).
 
 Stable API: ``default_detector()`` returns a ``TopicDetector``; ``detect(turns, message)`` gives
 a ``TopicVerdict`` with ``.jump``. The incremental form the manager uses:
 ``state = detector.replay(pairs)``, ``detector.observe_user(state, message)``,
-``detector.add_turn(state, user, reply, jump)``. Pure numpy/scikit-learn; no torch (the gain
-is a callable passed in).
+``detector.add_turn(state, user, reply, jump)``. Pure numpy/scikit-learn; no torch (a served
+model's signal is a callable passed in).
 """
 
 from __future__ import annotations
