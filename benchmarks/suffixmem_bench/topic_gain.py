@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from suffixmem.conversation.topic import TopicDetector, TopicState
+from suffixmem.conversation.topic import TopicDetector, TopicState, signal_name
 
 
 class MemoGain:
@@ -35,7 +35,7 @@ class MemoGain:
 
     @property
     def feature(self) -> str:
-        return str(getattr(self.gain, "feature", "context_gain"))
+        return str(signal_name(self.gain))
 
     @classmethod
     def load(cls, model: str | None = None, signal: str = "context_gain") -> MemoGain:

@@ -63,7 +63,7 @@ from suffixmem.conversation.topic import (
 )
 from suffixmem.conversation.topic_corpus import available_languages, load_topics
 from suffixmem.conversation.topic_cues import has_shift_marker, is_acknowledgement
-from suffixmem.conversation.topic_signals import SignalModel
+from suffixmem.conversation.topic_signals import EXTRA_FEATURES, SignalModel
 from suffixmem_bench.measure import peak_rss_mb
 from suffixmem_bench.topic_sets import (
     NATURAL_BLIND,
@@ -377,7 +377,7 @@ def register(bench: Any) -> None:
         from rich.table import Table
 
         table = Table(title="topic jumps (tuned on English tuning topics and natural_tune only)")
-        gained = next((k for k in ("context_gain", "hidden_sim") if k in result), None)
+        gained = next((k for k in EXTRA_FEATURES if k in result), None)
         for col in ("data set", "turns", "jumps", "precision", "recall", "F1", "rule F1",
                     *((f"F1 with {gained}",) if gained else ())):
             table.add_column(col)

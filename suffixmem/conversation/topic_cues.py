@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from suffixmem.conversation.topic_text import content_chars, is_question
+
 SHIFT_MARKERS: tuple[str, ...] = (
     # English
     "by the way", "btw", "unrelated question", "unrelated, but", "unrelated but",
@@ -129,7 +131,6 @@ ANAPHORA_MAX_CONTENT = 25
 # a Chinese "X呢?" ("and X?"), Japanese "Xは?" or Korean "X은/는?" is a follow-up by its form
 _FOLLOW_UP_ENDINGS = re.compile(r"(呢|は|은|는)\s*[?？]?\s*$")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-_LETTERS = re.compile(r"[^\W\d_]", re.UNICODE)
 _LEADING = re.compile(r"^[\W_]+", re.UNICODE)
 
 
@@ -164,7 +165,7 @@ def continues_topic(text: str) -> bool:
     t = _clean(text)
     if _OPENER.search(t) or _FOLLOW_UP_ENDINGS.search(t):
         return True
-    return _content(t) <= ANAPHORA_MAX_CONTENT and _ANAPHORA.search(t) is not None
+    return content_chars(t) <= ANAPHORA_MAX_CONTENT and _ANAPHORA.search(t) is not None
 
 
 def is_acknowledgement(text: str) -> bool:
@@ -172,10 +173,6 @@ def is_acknowledgement(text: str) -> bool:
     asks nothing and adds little ("Thanks, that helps.", "Merci beaucoup", "好的，明白了")."""
     t = _clean(text)
     found = _ACK.search(t)
-    if found is None or "?" in t or "？" in t:
+    if found is None or is_question(t):
         return False
-    return _content(t[found.end():]) <= ACKNOWLEDGEMENT_MAX_REST
-
-
-def _content(t: str) -> int:
-    return len(_LETTERS.findall(t)) + 2 * len(_CJK.findall(t))
+    return content_chars(t[found.end():]) <= ACKNOWLEDGEMENT_MAX_REST
