@@ -1,6 +1,7 @@
 """The topic benchmark's data sets (described in ``suffixmem_bench.topics``): chatterbot-corpus
 sessions built from whole held-out topic files, and the hand-written conversation sets under
-``data/`` (``natural``, ``natural-fresh``, ``natural-blind``, and ``natural_tune`` for tuning)."""
+``data/`` (``natural``, ``natural-fresh``, ``natural-blind``, ``natural-blind2``, and
+``natural_tune`` for tuning)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ NATURAL = DATA / "natural_topics.jsonl"
 NATURAL_TUNE = DATA / "natural_tune.jsonl"
 NATURAL_FRESH = DATA / "natural_fresh.jsonl"
 NATURAL_BLIND = DATA / "natural_blind.jsonl"
+NATURAL_BLIND2 = DATA / "natural_blind2.jsonl"
 
 
 def split_topic_names(names: Sequence[str], seed: int) -> tuple[list[str], list[str]]:

@@ -109,23 +109,35 @@ ANAPHORA: tuple[str, ...] = (
     "그거", "그것", "거기", "그게",
 )
 
-# a message made only of these acknowledges the last answer ("thanks, that helps")
-ACKNOWLEDGEMENTS: tuple[str, ...] = (
-    "thanks", "thank you", "thx", "ok", "okay", "got it", "i see", "makes sense", "great",
-    "cool", "nice", "perfect", "understood", "all right", "alright", "sounds good",
-    "danke", "vielen dank", "alles klar", "verstehe", "verstanden", "super", "prima",
-    "gracias", "muchas gracias", "vale", "entendido", "de acuerdo", "genial", "perfecto",
-    "merci", "merci beaucoup", "d'accord", "compris", "parfait", "je vois",
-    "grazie", "grazie mille", "va bene", "capito", "perfetto",
-    "obrigado", "obrigada", "entendi", "beleza", "valeu", "bedankt", "dank je", "duidelijk",
-    "спасибо", "понятно", "ясно", "хорошо", "ладно", "дякую", "зрозуміло", "teşekkürler",
-    "tamam", "anladım",
-    "谢谢", "謝謝", "多谢", "明白了", "懂了", "好的", "知道了", "了解",
-    "ありがとう", "なるほど", "わかりました", "了解です", "了解しました",
-    "고마워", "고맙습니다", "감사합니다", "알겠어", "알겠습니다", "그렇구나",
+# a thanks or an "ok" acknowledges the last answer wherever it stands in a short message that
+# asks nothing: after an interjection ("wow, thanks", "понял, спасибо", "오 감사합니다") too
+THANKS: tuple[str, ...] = (
+    "thanks", "thank you", "thx", "ok", "okay", "got it", "understood",
+    "danke", "vielen dank", "verstehe", "verstanden",
+    "gracias", "muchas gracias", "entendido", "entiendo", "merci", "merci beaucoup", "compris",
+    "grazie", "grazie mille", "capito", "capisco", "obrigado", "obrigada", "entendi",
+    "bedankt", "dank je", "begrepen", "dzięki", "dziękuję", "rozumiem", "tack", "tack så mycket",
+    "спасибо", "понятно", "понял", "поняла", "дякую", "зрозуміло",
+    "teşekkürler", "teşekkür ederim", "sağ ol", "anladım",
+    "谢谢", "謝謝", "多谢", "明白了", "懂了", "知道了",
+    "ありがとう", "わかった", "分かった", "わかりました", "分かりました",
+    "고마워", "고마워요", "고맙습니다", "감사합니다", "감사해요",
+    "알겠어", "알겠어요", "알겠습니다",
 )
-# letters (CJK characters count 3) after the opening thanks: "Ok. Now tell me about Rome" says more
+# these acknowledge only when they open the message: inside one they describe ("Prefiro o
+# Super Mario 64", "the food was great")
+ACKNOWLEDGEMENTS: tuple[str, ...] = (*THANKS,
+    "i see", "makes sense", "great", "cool", "nice", "perfect", "all right", "alright",
+    "sounds good", "alles klar", "super", "prima", "vale", "de acuerdo", "genial", "perfecto",
+    "claro", "d'accord", "parfait", "je vois", "va bene", "perfetto", "beleza", "valeu",
+    "duidelijk", "ясно", "хорошо", "ладно", "tamam",
+    "好的", "了解", "なるほど", "了解です", "了解しました", "그렇구나",
+)
+# letters (CJK characters count 3) around the thanks: "Ok. Now tell me about Rome" says more
 ACKNOWLEDGEMENT_MAX_REST = 16
+# of which at most this many before it: an interjection ("wow, thanks", "понял, спасибо",
+# "오 감사합니다"), not a request that happens to end in "great"
+ACKNOWLEDGEMENT_MAX_LEAD = 8
 # pronouns count only in messages this short (letters; CJK characters count 3)
 ANAPHORA_MAX_CONTENT = 25
 # a Chinese "X呢?" ("and X?"), Japanese "Xは?" or Korean "X은/는?" is a follow-up by its form
@@ -147,6 +159,7 @@ _SHIFT = _pattern(SHIFT_MARKERS, anchored=False)
 _OPENER = _pattern(CONTINUATION_OPENERS, anchored=True)
 _ANAPHORA = _pattern(ANAPHORA, anchored=False)
 _ACK = _pattern(ACKNOWLEDGEMENTS, anchored=True)
+_THANKS = _pattern(THANKS, anchored=False)
 
 
 def _clean(text: str) -> str:
@@ -169,10 +182,19 @@ def continues_topic(text: str) -> bool:
 
 
 def is_acknowledgement(text: str) -> bool:
-    """Whether ``text`` only acknowledges the last answer: it opens with a thanks or an "ok",
-    asks nothing and adds little ("Thanks, that helps.", "Merci beaucoup", "好的，明白了")."""
+    """Whether ``text`` only acknowledges the last answer: it asks nothing and is a thanks or an
+    "ok" with little around it ("Thanks, that helps.", "Merci beaucoup", "好的，明白了", "понял,
+    спасибо", "오 감사합니다")."""
     t = _clean(text)
-    found = _ACK.search(t)
-    if found is None or is_question(t):
+    if is_question(t):
         return False
-    return content_chars(t[found.end():]) <= ACKNOWLEDGEMENT_MAX_REST
+    found = _ACK.search(t)
+    if found is not None and content_chars(t[found.end():]) <= ACKNOWLEDGEMENT_MAX_REST:
+        return True
+    for found in _THANKS.finditer(t):
+        lead = content_chars(t[:found.start()])
+        if lead > ACKNOWLEDGEMENT_MAX_LEAD:
+            return False
+        if lead + content_chars(t[found.end():]) <= ACKNOWLEDGEMENT_MAX_REST:
+            return True
+    return False

@@ -104,11 +104,17 @@ def test_cues_beyond_the_tuning_languages() -> None:
 
 def test_acknowledgements_are_reactions_never_jumps() -> None:
     for text in ("Thanks, that helps.", "Merci beaucoup", "Ok grazie", "ありがとう！",
-                 "Danke, sehr hilfreich.", "好的，明白了", "Спасибо", "고마워", "D'accord, merci."):
+                 "Danke, sehr hilfreich.", "好的，明白了", "Спасибо", "고마워", "D'accord, merci.",
+                 # a thanks or an "ok" after a short interjection
+                 "wow, thanks", "понял, спасибо", "오 감사합니다", "ugh ok", "top, dank je"):
         assert is_acknowledgement(text), text
-    # a question, or an "ok" that goes on to say something new, is not a mere acknowledgement
+    # a question, an "ok" that goes on to say something new, a thanks after a request, or a
+    # word of praise inside a statement is not a mere acknowledgement
     for text in ("ok, and the ThinkPad?", "Ok. Now tell me about the history of Rome",
-                 "Thanksgiving recipes please", "What does okay mean?"):
+                 "Thanksgiving recipes please", "What does okay mean?",
+                 "Write a thank you note for my aunt", "Prefiro o Super Mario 64",
+                 "the food in Lisbon was great",
+                 "wow ok. and if it gets cold at night will it die"):
         assert not is_acknowledgement(text), text
     d = default_detector()
     state = d.replay([("Wie lange muss ich Spaghetti kochen?", "Meist 8 bis 10 Minuten.")])
@@ -164,7 +170,7 @@ def test_bench_json_shape() -> None:
     assert len(natural) >= 40 and all(8 <= len(s) <= 16 for s in natural)
     r = json.loads(json.dumps(run_topics(8, 0, ["english", "chinese"])))
     assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural",
-                                  "natural-fresh", "natural-blind"}
+                                  "natural-fresh", "natural-blind", "natural-blind2"}
     for d in r["datasets"].values():
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "turns", "jumps"}
         assert 0 <= d["f1"] <= 1 and d["turns"] > 0
@@ -181,10 +187,11 @@ def test_bench_json_shape() -> None:
 
     tune = load_natural(NATURAL_TUNE)
     assert r["tuning"]["natural_tune_sessions"] == len(tune) >= 10 and not r["tuning"]["scored"]
-    from suffixmem_bench.topics import NATURAL_BLIND, NATURAL_FRESH
+    from suffixmem_bench.topics import NATURAL_BLIND, NATURAL_BLIND2, NATURAL_FRESH
 
-    fresh = load_natural(NATURAL_FRESH) + load_natural(NATURAL_BLIND)
-    assert len(fresh) >= 50 and all(7 <= len(s) <= 16 for s in fresh)
+    fresh = (load_natural(NATURAL_FRESH) + load_natural(NATURAL_BLIND)
+             + load_natural(NATURAL_BLIND2))
+    assert len(fresh) >= 94 and all(7 <= len(s) <= 16 for s in fresh)
     scored = {q for s in natural + fresh for q, _, _ in s if len(q) >= 20}
     assert not scored & {q for s in tune for q, _, _ in s}
     assert set(r["model"]) >= {"sim", "novelty", "bias", "cutoff"}
