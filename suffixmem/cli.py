@@ -166,9 +166,8 @@ def chat(
     topic_signal: str = TOPIC_SIGNAL,
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
-    sampling, url = _preflight(engine, max_tokens, temperature, database, session, new)
-    if system is not None:
-        check_text(system, "--system")
+    sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
+                               system=system)
     if isinstance(sys.stdin, io.TextIOWrapper):
         # undecodable bytes become lone surrogates, which check_text rejects line by line,
         # instead of a UnicodeDecodeError that would end the REPL
@@ -245,10 +244,8 @@ def ask(
 ) -> None:
     """One-shot question; the turn is stored (a new session unless --session names one) and
     later turns reuse its cache. A failed turn stores nothing, not even an empty session."""
-    sampling, url = _preflight(engine, max_tokens, temperature, database, session, new)
-    check_text(text, "the message")
-    if not text.strip():
-        raise InvalidRequestError("the message is empty")
+    sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
+                               message=text)
     with quiet_stdout():  # engine start-up logs go to stderr
         mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal)
     try:

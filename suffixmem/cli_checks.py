@@ -99,13 +99,21 @@ def _check_session(url: str, session: str, new: bool) -> None:
 
 
 def _preflight(engine: str, max_tokens: int, temperature: float | None,
-               database: str | None, session: str | None, new: bool = False
+               database: str | None, session: str | None, new: bool = False, *,
+               message: str | None = None, system: str | None = None,
                ) -> tuple[dict[str, Any], str]:
-    """Every check that needs no engine, in order: engine name, sampling values, session id
-    text, SUFFIXMEM_HOME, database URL (parsed and opened), the session (``_check_session``).
+    """Every check that needs no engine, in order: engine name, sampling values, the texts
+    (``ask``'s message, which must not be blank, ``--system``, the session id),
+    SUFFIXMEM_HOME, database URL (parsed and opened), the session (``_check_session``).
     Returns (sampling, database URL)."""
     _check_engine(engine)
     sampling = _sampling(max_tokens, temperature)
+    if message is not None:
+        check_text(message, "the message")
+        if not message.strip():
+            raise InvalidRequestError("the message is empty")
+    if system is not None:
+        check_text(system, "--system")
     if session is not None:
         check_text(session, "--session")
     suffixmem_home()

@@ -60,6 +60,11 @@ def test_bad_arguments_fail_fast_with_a_clear_message(tmp_path: Path) -> None:
     _one_line_error(_run(["ask", "--max-tokens", "abc", "hi"], db), "--max-tokens")
     _one_line_error(_run(["ask", "   "], db), "empty")
     _one_line_error(_run(["nosuch"], db), "nosuch")
+    # the texts are checked before the database is opened (docs/errors.md's order)
+    bad_db = "postgresql+psycopg://alice:hunter2@db.example:port/chat"
+    _one_line_error(_run(["ask", "--database", bad_db, "   "], db), "the message is empty")
+    _one_line_error(_run(["chat", "--database", bad_db, "--system", BAD_BYTE], db),
+                    "--system is not valid UTF-8")
 
 
 def test_non_utf8_arguments_are_one_line_errors(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ def _text(i: int, m: ChatMessage) -> str:
     for j, p in enumerate(m.content):
         if p.type != "text" or p.text is None:
             raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported",
-                           param=f"messages[{i}].content")
+                           param=f"messages[{i}].content", code="invalid_value")
         parts.append(p.text)
     return "".join(parts)
 
@@ -175,9 +175,9 @@ class ChatService:
     # -- chat completions -----------------------------------------------------------------------
     def _sampling(self, req: ChatCompletionRequest) -> dict[str, Any]:
         if req.n != 1:
-            raise APIError(400, "n must be 1", param="n")
+            raise APIError(400, "n must be 1", param="n", code="invalid_value")
         if req.tools:
-            raise APIError(400, "tools are not supported", param="tools")
+            raise APIError(400, "tools are not supported", param="tools", code="invalid_value")
         if req.model is not None and req.model not in (self.model_name,
                                                        *self.config.extra_model_names):
             raise APIError(404, f"model {req.model!r} is not served here; see /v1/models",
@@ -196,7 +196,7 @@ class ChatService:
         elif fmt is not None and fmt.type == "json_schema":
             if fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise APIError(400, "response_format.json_schema.schema is required",
-                               param="response_format")
+                               param="response_format", code="invalid_value")
             sampling["json_schema"] = fmt.json_schema.schema_
         return sampling
 
@@ -205,7 +205,8 @@ class ChatService:
         """The manager's event stream for ``req`` (chat for a new message only, else
         complete); raises before any event for bad input."""
         if not req.messages:
-            raise APIError(400, "messages must not be empty", param="messages")
+            raise APIError(400, "messages must not be empty", param="messages",
+                           code="invalid_value")
         msgs = [Message(m.role, _text(i, m)) for i, m in enumerate(req.messages)]
         sampling = self._sampling(req)
         schema = "json_schema" in sampling and sampling["json_schema"] is not None

@@ -48,6 +48,13 @@ USER = [{"role": "user", "content": "hi"}]
     ({"messages": USER, "stop": [""]}, "stop", "stop"),
     ({"messages": "hello"}, "messages", "messages"),
     ({}, "messages", "messages"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools", "tools"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url",
+                                                 "image_url": {"url": "x"}}]}]},
+     "messages[0].content", "text parts"),
+    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format", "schema"),
 ])
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_input_is_400(server: Server, body: dict, param: str | None, word: str,
@@ -55,7 +62,7 @@ def test_bad_input_is_400(server: Server, body: dict, param: str | None, word: s
     before = len(server.manager.list_sessions())  # type: ignore[attr-defined]
     err = error_of(post(server, {**body, "stream": stream},
                         {"X-Session-ID": f"bad-{uuid.uuid4().hex[:6]}"}), 400)
-    assert err["type"] == "invalid_request_error"
+    assert err["type"] == "invalid_request_error" and err["code"] == "invalid_value"
     if param is not None:
         assert err["param"] == param
     assert word in str(err["message"])

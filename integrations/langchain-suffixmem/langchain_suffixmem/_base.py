@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig, ensure_config
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL, EngineConfig
@@ -72,8 +72,13 @@ class SuffixMemParams(BaseModel):
 
     _manager: ConversationManager | None = PrivateAttr(default=None)
 
-    @model_validator(mode="after")
-    def _check_engine(self) -> SuffixMemParams:
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        # checked here, not in a pydantic validator, which would wrap the library's one-line
+        # InvalidRequestError / ConfigError into a multi-line ValidationError
+        self._check_engine()
+
+    def _check_engine(self) -> None:
         if isinstance(self.engine, str):
             # validate the options now (cheap) rather than when the engine first starts
             EngineConfig(model=self.model, **self.engine_options)
@@ -85,7 +90,6 @@ class SuffixMemParams(BaseModel):
         # the instance's sampling values, checked now (the engine's own checks) rather than
         # at the first call
         SamplingParams(**self._call_args(None, {})[1])
-        return self
 
     def get_manager(self) -> ConversationManager:
         """The shared manager (its engine started on first call)."""

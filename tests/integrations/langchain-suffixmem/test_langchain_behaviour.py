@@ -19,7 +19,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_suffixmem import SuffixMemChatModel, SuffixMemLLM
 
 from suffixmem.engine.protocol import Message
-from suffixmem.errors import ContextWindowError, InvalidRequestError
+from suffixmem.errors import ConfigError, ContextWindowError, InvalidRequestError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
@@ -203,10 +203,14 @@ def test_oversize_prompt_and_bad_arguments_raise_value_error(
         chat.invoke("Hi", model="gpt-4o")
     with pytest.raises(ValueError, match="max_tokens"):
         chat.invoke("Hi", max_tokens=0)
-    with pytest.raises(ValueError, match="max_tokens"):
-        SuffixMemChatModel(max_tokens=-1)
-    with pytest.raises(ValueError, match="unknown engine"):
-        SuffixMemChatModel(engine="tensorrt")
+    # construction errors are the library's own one-line errors, not pydantic's wrapping
+    for kwargs, error, says in (({"max_tokens": -1}, InvalidRequestError, "max_tokens"),
+                                ({"timeout": 0}, InvalidRequestError, "timeout must be > 0"),
+                                ({"engine": "tensorrt"}, ConfigError, "unknown engine")):
+        for cls in (SuffixMemChatModel, SuffixMemLLM):
+            with pytest.raises(error, match=says) as bad:
+                cls(**kwargs)
+            assert "\n" not in str(bad.value) and "validation error" not in str(bad.value)
     # the engine is still fine after all that
     assert chat.invoke("Hi").content
 

@@ -13,7 +13,7 @@ from llama_index.core.memory import ChatMemoryBuffer, Memory
 from llama_index.llms.suffixmem import SuffixMemLLM
 
 from suffixmem.conversation.manager import ManagerConfig
-from suffixmem.errors import ContextWindowError, InvalidRequestError
+from suffixmem.errors import ConfigError, ContextWindowError, InvalidRequestError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
@@ -144,6 +144,11 @@ def test_bad_input_raises_value_error(llm: SuffixMemLLM, shared_engine: Any) -> 
         llm.chat(QUESTION, frequency_penalty=1.0)
     with pytest.raises(InvalidRequestError):  # nothing to answer
         list(llm.stream_chat([ChatMessage(role=MessageRole.USER, content="")]))
-    with pytest.raises(ValueError, match="unknown engine"):
-        SuffixMemLLM(engine="tensorrt")
+    # construction errors are the library's own one-line errors, not pydantic's wrapping
+    for kwargs, error, says in (({"max_tokens": -1}, InvalidRequestError, "max_tokens"),
+                                ({"timeout": 0}, InvalidRequestError, "timeout must be > 0"),
+                                ({"engine": "tensorrt"}, ConfigError, "unknown engine")):
+        with pytest.raises(error, match=says) as bad:
+            SuffixMemLLM(**kwargs)
+        assert "\n" not in str(bad.value) and "validation error" not in str(bad.value)
     assert llm.chat(QUESTION).message.content  # still usable

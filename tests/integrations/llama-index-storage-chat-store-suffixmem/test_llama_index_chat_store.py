@@ -125,3 +125,30 @@ def test_chat_engine_memory_in_the_store(
     previous = usages[1]["prompt_tokens"] + usages[1]["completion_tokens"]
     block = shared_engine.block_size
     assert usages[2]["cached_tokens"] >= (previous - 1) // block * block > 0
+
+
+def test_sync_store_imports_on_a_core_without_async_db_chat_stores() -> None:
+    """``SuffixMemAsyncChatStore`` is imported on first use: on a llama-index-core older than
+    0.14.24 (no ``base_db``, simulated) the sync store still imports, the async one says why."""
+    import subprocess
+    import sys
+
+    code = """
+import importlib.abc, sys
+class NoBaseDb(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "llama_index.core.storage.chat_store.base_db":
+            raise ImportError("No module named " + repr(name))
+sys.meta_path.insert(0, NoBaseDb())
+from llama_index.storage.chat_store.suffixmem import SuffixMemChatStore
+print("sync", SuffixMemChatStore.class_name())
+try:
+    from llama_index.storage.chat_store.suffixmem import SuffixMemAsyncChatStore
+except ImportError as e:
+    print("async", e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.splitlines()
+    assert out[0] == "sync SuffixMemChatStore"
+    assert out[1].startswith("async SuffixMemAsyncChatStore needs llama-index-core >= 0.14.24")
+    assert len(out) == 2

@@ -24,7 +24,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection, default_completion_to_prompt
@@ -107,8 +107,13 @@ class SuffixMemLLM(FunctionCallingLLM):
 
     _manager: ConversationManager | None = PrivateAttr(default=None)
 
-    @model_validator(mode="after")
-    def _check_engine(self) -> SuffixMemLLM:
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        # checked here, not in a pydantic validator, which would wrap the library's one-line
+        # InvalidRequestError / ConfigError into a multi-line ValidationError
+        self._check_engine()
+
+    def _check_engine(self) -> None:
         if isinstance(self.engine, str):
             EngineConfig(model=self.model, **self.engine_options)  # fail early on bad options
             runtime.supports_json_schema(self.engine)  # unknown names raise here
@@ -117,7 +122,6 @@ class SuffixMemLLM(FunctionCallingLLM):
         if self.timeout is not None and self.timeout <= 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, got {self.timeout}")
         SamplingParams(**self._call_args({})[1])  # the instance's values, checked now
-        return self
 
     @classmethod
     def class_name(cls) -> str:
