@@ -128,18 +128,19 @@ def test_chat_engine_memory_in_the_store(
 
 
 def test_sync_store_imports_on_a_core_without_async_db_chat_stores() -> None:
-    """``SuffixMemAsyncChatStore`` is imported on first use: on a llama-index-core older than
-    0.14.24 (no ``base_db``, simulated) the sync store still imports, the async one says why."""
+    """``SuffixMemAsyncChatStore`` is imported on first use: where its module cannot import (a
+    llama-index-core older than 0.14.24 has no ``AsyncDBChatStore``; simulated by refusing the
+    module) the sync store still imports and the async one says why in one line."""
     import subprocess
     import sys
 
     code = """
 import importlib.abc, sys
-class NoBaseDb(importlib.abc.MetaPathFinder):
+class OldCore(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "llama_index.core.storage.chat_store.base_db":
-            raise ImportError("No module named " + repr(name))
-sys.meta_path.insert(0, NoBaseDb())
+        if name == "llama_index.storage.chat_store.suffixmem.async_db":
+            raise ImportError("cannot import name 'AsyncDBChatStore'")
+sys.meta_path.insert(0, OldCore())
 from llama_index.storage.chat_store.suffixmem import SuffixMemChatStore
 print("sync", SuffixMemChatStore.class_name())
 try:
