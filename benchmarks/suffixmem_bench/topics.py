@@ -73,6 +73,7 @@ from suffixmem.conversation.topic_cues import has_shift_marker, is_acknowledgeme
 from suffixmem.conversation.topic_signals import EXTRA_FEATURES, SignalModel
 from suffixmem_bench.measure import peak_rss_mb
 from suffixmem_bench.topic_sets import (
+    NATURAL,
     NATURAL_BLIND,
     NATURAL_BLIND2,
     NATURAL_FRESH,
@@ -268,16 +269,28 @@ def footprint(turns: int = 50) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+# the scored conversation sets (module docstring), by report name
+CONVERSATION_SETS = {"natural": NATURAL, "natural-fresh": NATURAL_FRESH,
+                     "natural-blind": NATURAL_BLIND, "natural-blind2": NATURAL_BLIND2}
+
+
 def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | None = None,
                contiguous: bool = True, context_gain: bool = False,
-               hidden_similarity: bool = False) -> dict[str, Any]:
+               hidden_similarity: bool = False,
+               conversation_sets: Sequence[str] | None = None) -> dict[str, Any]:
     """Tune on English held-in topics and the natural tuning sessions; score chatterbot
-    held-out topics in ``languages`` (all by default) and the natural set. See the module
-    docstring for the JSON; ``context_gain`` / ``hidden_similarity``: also the detector with
-    that signal of the served model (``topic_gain``; not both)."""
+    held-out topics in ``languages`` (all by default) and the conversation sets named in
+    ``conversation_sets`` (``CONVERSATION_SETS``' names; all by default, and ``natural``
+    always, the report's ``f1``). See the module docstring for the JSON; ``context_gain`` /
+    ``hidden_similarity``: also the detector with that signal of the served model
+    (``topic_gain``; not both)."""
     if context_gain and hidden_similarity:
         raise ValueError("score one served-model signal at a time: context_gain or "
                          "hidden_similarity")
+    wanted = set(CONVERSATION_SETS if conversation_sets is None else conversation_sets)
+    if wanted - set(CONVERSATION_SETS):
+        raise ValueError(f"unknown conversation sets {sorted(wanted - set(CONVERSATION_SETS))};"
+                         f" expected some of {list(CONVERSATION_SETS)}")
     signal = "context_gain" if context_gain else "hidden_sim" if hidden_similarity else None
     names = sorted(load_topics("english"))
     tune_names, test_names = split_topic_names(names, seed)
@@ -330,10 +343,9 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         pool = pools(lang, test_names, utterances(tune_pools[lang]))
         score(f"chatterbot-{lang}", TopicDetector(None, chat_feat, model),
               build_sessions(pool, n_sessions, seed + 2, contiguous), sorted(pool))
-    score("natural", TopicDetector(None, shipped, model), load_natural())
-    score("natural-fresh", TopicDetector(None, shipped, model), load_natural(NATURAL_FRESH))
-    score("natural-blind", TopicDetector(None, shipped, model), load_natural(NATURAL_BLIND))
-    score("natural-blind2", TopicDetector(None, shipped, model), load_natural(NATURAL_BLIND2))
+    for name, path in CONVERSATION_SETS.items():
+        if name == "natural" or name in wanted:
+            score(name, TopicDetector(None, shipped, model), load_natural(path))
     return {
         "datasets": datasets,
         "f1": datasets["natural"]["f1"],

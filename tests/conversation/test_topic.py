@@ -209,7 +209,10 @@ def test_bench_with_a_served_model_signal(signal: str) -> None:
     from suffixmem_bench.topics import run_topics
 
     flags = {"context_gain": signal == "context_gain", "hidden_similarity": signal == "hidden_sim"}
-    r = json.loads(json.dumps(run_topics(3, 0, ["english"], **flags)))
+    # one conversation set: the served model's forwards are what this test pays for
+    r = json.loads(json.dumps(run_topics(3, 0, ["english"], **flags,
+                                         conversation_sets=["natural"])))
+    assert set(r["datasets"]) == {"chatterbot-english", "natural"}
     g = r[signal]
     assert set(g["model"]) == {*EXTRA_FEATURES[signal], "bias", "cutoff"}
     assert g["calls"] > 100 and 0 < g["ms_p50"] <= g["ms_p99"] and g["ms_per_turn_p99"] > 0
@@ -218,7 +221,10 @@ def test_bench_with_a_served_model_signal(signal: str) -> None:
         assert 0 <= d[signal]["f1"] <= 1
     assert g["f1_min"] == min(d[signal]["f1"] for d in r["datasets"].values())
     # the default detector's figures do not depend on the flag
-    assert r["datasets"]["natural"]["f1"] == run_topics(3, 0, ["english"])["f1"]
+    assert r["datasets"]["natural"]["f1"] == run_topics(3, 0, ["english"],
+                                                        conversation_sets=[])["f1"]
+    with pytest.raises(ValueError, match="unknown conversation sets"):
+        run_topics(3, 0, ["english"], conversation_sets=["natural-typo"])
     with pytest.raises(ValueError, match="one served-model signal"):
         run_topics(3, 0, ["english"], context_gain=True, hidden_similarity=True)
 
