@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suffixmem.conversation.manager import ConversationManager
-from suffixmem.server.errors import APIError, to_api_error
+from suffixmem.server.errors import APIError, invalid_value, to_api_error
 from suffixmem.server.protocol import ChatCompletionRequest, ErrorResponse
 from suffixmem.server.serving import SESSION_HEADER, ChatService, ServerConfig, namespace
 
@@ -93,7 +93,7 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         msg = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
-        return error_response(APIError(400, msg, param=param, code="invalid_value"))
+        return error_response(invalid_value(msg, param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -32,6 +32,12 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+def invalid_value(message: str, param: str | None) -> APIError:
+    """The 400 for bad input (OpenAI's ``invalid_request_error`` with code ``invalid_value``),
+    so that no check forgets the code."""
+    return APIError(400, message, param=param, code="invalid_value")
+
+
 def to_api_error(exc: BaseException) -> APIError:
     """Map any exception onto an ``APIError``: suffixmem's own errors to 4xx/503, anything
     else to 500 (logged; never the outcome of bad input, which the library rejects first)."""
@@ -48,7 +54,7 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(503, msg, type="server_error", code="unavailable",
                         headers={"Retry-After": "1"})
     if isinstance(exc, InvalidRequestError | ValueError):
-        return APIError(400, msg, param=_param_of(msg), code="invalid_value")
+        return invalid_value(msg, _param_of(msg))
     log.error("internal error", exc_info=exc)
     return APIError(500, "internal server error", type="server_error", code="internal_error")
 

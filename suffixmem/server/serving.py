@@ -42,7 +42,7 @@ import anyio
 from suffixmem.conversation.manager import ConversationManager, TurnResult
 from suffixmem.engine.protocol import Message, TokenEvent
 from suffixmem.errors import InvalidRequestError, UnknownSessionError
-from suffixmem.server.errors import APIError, to_api_error
+from suffixmem.server.errors import APIError, invalid_value, to_api_error
 from suffixmem.server.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -99,8 +99,8 @@ def _text(i: int, m: ChatMessage) -> str:
     parts = []
     for j, p in enumerate(m.content):
         if p.type != "text" or p.text is None:
-            raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported",
-                           param=f"messages[{i}].content", code="invalid_value")
+            raise invalid_value(f"messages[{i}].content[{j}]: only text parts are supported",
+                                f"messages[{i}].content")
         parts.append(p.text)
     return "".join(parts)
 
@@ -135,7 +135,7 @@ class ChatService:
         try:
             check_session_id(client_id, field_name)
         except InvalidRequestError as e:
-            raise APIError(400, str(e), param=field_name, code="invalid_value") from None
+            raise invalid_value(str(e), field_name) from None
         return ns + client_id
 
     async def list_sessions(self, ns: str) -> dict[str, Any]:
@@ -175,9 +175,9 @@ class ChatService:
     # -- chat completions -----------------------------------------------------------------------
     def _sampling(self, req: ChatCompletionRequest) -> dict[str, Any]:
         if req.n != 1:
-            raise APIError(400, "n must be 1", param="n", code="invalid_value")
+            raise invalid_value("n must be 1", "n")
         if req.tools:
-            raise APIError(400, "tools are not supported", param="tools", code="invalid_value")
+            raise invalid_value("tools are not supported", "tools")
         if req.model is not None and req.model not in (self.model_name,
                                                        *self.config.extra_model_names):
             raise APIError(404, f"model {req.model!r} is not served here; see /v1/models",
@@ -195,8 +195,8 @@ class ChatService:
             sampling["json_schema"] = {"type": "object"}
         elif fmt is not None and fmt.type == "json_schema":
             if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-                raise APIError(400, "response_format.json_schema.schema is required",
-                               param="response_format", code="invalid_value")
+                raise invalid_value("response_format.json_schema.schema is required",
+                                    "response_format")
             sampling["json_schema"] = fmt.json_schema.schema_
         return sampling
 
@@ -205,8 +205,7 @@ class ChatService:
         """The manager's event stream for ``req`` (chat for a new message only, else
         complete); raises before any event for bad input."""
         if not req.messages:
-            raise APIError(400, "messages must not be empty", param="messages",
-                           code="invalid_value")
+            raise invalid_value("messages must not be empty", "messages")
         msgs = [Message(m.role, _text(i, m)) for i, m in enumerate(req.messages)]
         sampling = self._sampling(req)
         schema = "json_schema" in sampling and sampling["json_schema"] is not None
