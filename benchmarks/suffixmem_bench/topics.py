@@ -382,14 +382,20 @@ def register(bench: Any) -> None:
         hidden_similarity: bool = typer.Option(
             False, "--hidden-similarity", help="also score the detector with the served "
             "model's hidden-state similarity (one forward of its first layers per message)"),
+        conversation_set: list[str] = typer.Option(  # noqa: B008
+            None, "--set", help="conversation sets to score (default: all; natural always)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Precision/recall/F1 of topic-jump detection on held-out topics and natural chats."""
         from suffixmem_bench.measure import RunContext
 
+        unknown = sorted(set(conversation_set or ()) - set(CONVERSATION_SETS))
+        if unknown:
+            raise typer.BadParameter(f"unknown conversation sets {unknown}; expected some of "
+                                     f"{list(CONVERSATION_SETS)}", param_hint="--set")
         with RunContext() as ctx:  # quality figures, but the JSON carries the run's context too
             result = run_topics(sessions, seed, language or None, not shuffled, context_gain,
-                                hidden_similarity)
+                                hidden_similarity, conversation_set or None)
         result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))

@@ -242,6 +242,28 @@ def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
         run_topics(3, 0, ["english"], context_gain=True, hidden_similarity=True)
 
 
+def test_bench_cli_scores_the_named_sets_and_refuses_an_unknown_one() -> None:
+    """``bench topics --set NAME``: that set (and natural, the report's ``f1``) only; an
+    unknown name is a one-line usage error before any work."""
+    import typer
+    from typer.testing import CliRunner
+
+    sys.path.insert(0, str(BENCH))
+    from suffixmem_bench.topics import register
+
+    bench = typer.Typer()
+    register(bench)
+    bench.command("noop")(lambda: None)  # a second command keeps typer from collapsing the group
+    r = CliRunner().invoke(bench, ["topics", "--sessions", "3", "--language", "english",
+                                   "--set", "natural-fresh", "--json"])
+    assert r.exit_code == 0, r.output
+    assert set(json.loads(r.stdout)["datasets"]) == {"chatterbot-english", "natural",
+                                                     "natural-fresh"}
+    r = CliRunner().invoke(bench, ["topics", "--set", "natural-typo"])
+    assert r.exit_code == 2 and "unknown conversation sets ['natural-typo']" in r.output
+    assert "Traceback" not in r.output
+
+
 def test_similarity_auc_is_one_where_jumps_share_nothing_and_half_where_all_look_alike(
 ) -> None:
     """``bench topics``' per-set ``similarity_auc``: the rule's similarity as a jump score."""
