@@ -23,7 +23,7 @@ import threading
 from dataclasses import asdict, fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
-from suffixmem.config import EngineConfig
+from suffixmem.config import ENGINES, EngineConfig
 from suffixmem.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,33 +48,41 @@ _managers: dict[tuple[int, str, str], ConversationManager] = {}
 _lock = threading.RLock()
 
 
-def _engine_config(config: EngineConfig | None, options: dict[str, Any]) -> EngineConfig:
+def _engine_config(name: str, config: EngineConfig | None, options: dict[str, Any]
+                   ) -> tuple[EngineConfig, dict[str, Any]]:
+    """(the engine's ``EngineConfig``, the options engine ``name`` takes itself: the remote
+    engine's URLs and routing)."""
+    from suffixmem.engine import engine_config, split_options
+
+    own, options = split_options(name, options)
     if config is None:
-        return EngineConfig(**options)
+        return engine_config(options), own
     if options:
         raise ConfigError("give either config or keyword options, not both")
-    return config
+    return config, own
 
 
-def _engine_key(name: str, config: EngineConfig) -> tuple[str, str]:
+def _engine_key(name: str, config: EngineConfig, own: dict[str, Any]) -> tuple[str, str]:
     # EngineConfig holds a dict (``extra``), so the key is its canonical JSON.
-    return name, json.dumps(asdict(config), sort_keys=True, default=repr)
+    return name, json.dumps({"config": asdict(config), "own": own}, sort_keys=True, default=repr)
 
 
 def get_engine(name: str = "vllm", config: EngineConfig | None = None, **options: Any) -> Engine:
-    """The process-wide engine called ``name`` with ``config`` (or ``EngineConfig(**options)``).
+    """The process-wide engine called ``name`` with ``config`` (or ``EngineConfig(**options)``;
+    for ``"remote"`` also its own options: ``urls=[...]``, ...).
 
     The first call builds it (seconds); later calls with an equal configuration return the same
     object. Do not ``close()`` a shared engine while others use it; ``close_all`` closes all.
     Raises ``ConfigError`` for an unknown name or invalid options.
     """
-    key = _engine_key(name, _engine_config(config, options))
+    config, own = _engine_config(name, config, options)
+    key = _engine_key(name, config, own)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
             from suffixmem.engine import create_engine
 
-            engine = _engines[key] = create_engine(name, _engine_config(config, options))
+            engine = _engines[key] = create_engine(name, config, **own)
         return engine
 
 
@@ -86,7 +94,8 @@ def register_engine(
     ``name`` defaults to ``engine.name``. Raises ``ConfigError`` if another engine is already
     registered under that key.
     """
-    key = _engine_key(name or engine.name, _engine_config(config, options))
+    name = name or engine.name
+    key = _engine_key(name, *_engine_config(name, config, options))
     with _lock:
         current = _engines.get(key)
         if current is not None and current is not engine:
@@ -164,7 +173,11 @@ def supports_json_schema(engine: str | Engine) -> bool:
         from suffixmem.engine.torch.engine import TorchEngine
 
         return bool(TorchEngine.supports_json_schema)
-    raise ConfigError(f"unknown engine {engine!r}; expected 'vllm' or 'torch'")
+    if engine == "remote":
+        from suffixmem.engine.remote import RemoteEngine
+
+        return bool(RemoteEngine.supports_json_schema)
+    raise ConfigError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
 
 
 def close_all() -> None:

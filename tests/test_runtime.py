@@ -111,8 +111,32 @@ def test_supports_json_schema_without_starting_an_engine(engine: Any) -> None:
 
     assert runtime.supports_json_schema("torch") is available() is True
     assert runtime.supports_json_schema(engine) is True
-    with pytest.raises(ConfigError, match="unknown engine 'tensorrt'"):
+    assert runtime.supports_json_schema("remote") is True  # vLLM's server constrains it
+    with pytest.raises(ConfigError, match=r"unknown engine 'tensorrt'.*'remote'"):
         runtime.supports_json_schema("tensorrt")
+
+
+def test_engine_options_are_checked_by_name_before_anything_starts() -> None:
+    """``check_engine`` and ``get_engine``: an option no engine has is a one-line
+    ``ConfigError`` naming it; the remote engine takes its own options (``urls``, ...) beside
+    the ``EngineConfig`` ones and needs its URLs."""
+    from suffixmem.engine import check_engine, split_options
+
+    check_engine("remote", urls=["http://127.0.0.1:9"], sticky=False, max_model_len=1024)
+    assert split_options("remote", {"urls": ["u"], "sticky": False, "block_size": 32}) == (
+        {"urls": ["u"], "sticky": False}, {"block_size": 32})
+    assert split_options("torch", {"urls": ["u"]}) == ({}, {"urls": ["u"]})
+    for name, options, says in (("torch", {"max_model_lenn": 64}, "unknown engine options"),
+                                ("vllm", {"urls": ["u"]}, r"unknown engine options \['urls'\]"),
+                                ("remote", {"max_model_len": 64}, "needs urls"),
+                                ("tensorrt", {}, "unknown engine 'tensorrt'")):
+        with pytest.raises(ConfigError, match=says) as bad:
+            check_engine(name, **options)
+        assert "\n" not in str(bad.value)
+        if name != "tensorrt":
+            with pytest.raises(ConfigError, match=says):
+                runtime.get_engine(name, **options)
+    assert runtime._engines == {} or all(k[0] != "remote" for k in runtime._engines)
 
 
 def test_auto_dtype_resolves_to_what_the_device_runs_natively(monkeypatch: Any) -> None:

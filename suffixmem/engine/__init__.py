@@ -2,12 +2,15 @@
 
 ``create_engine("vllm" | "torch", config)`` builds one; the heavy import happens here, not when
 ``suffixmem`` is imported. ``create_engine("remote", urls=[...])`` talks to ``vllm serve``
-replicas (``suffixmem.engine.remote``); its own options are ``urls``, ``database_url`` (pins
-sessions to replicas in the shared session rows), ``sticky`` and ``health_interval_s``.
+replicas (``suffixmem.engine.remote``); its own options (``REMOTE_OPTIONS``) are ``urls``,
+``database_url`` (pins sessions to replicas in the shared session rows), ``sticky``,
+``health_interval_s``, the timeouts and ``policy``; every other option is an ``EngineConfig``
+field. ``check_engine`` validates a name and its options without building anything.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from suffixmem.config import ENGINES, EngineConfig
@@ -24,7 +27,7 @@ def create_engine(
     if name == "remote":
         return _remote(config, options)
     if config is None:
-        config = EngineConfig(**options)
+        config = engine_config(options)
     elif options:
         raise ConfigError("give either config or keyword options, not both")
     if name == "vllm":
@@ -38,20 +41,50 @@ def create_engine(
     raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
 
 
-_REMOTE_OPTIONS = ("sticky", "health_interval_s", "connect_timeout_s", "read_timeout_s",
-                   "policy")
+REMOTE_OPTIONS = ("urls", "upstream", "database_url", "sticky", "health_interval_s",
+                  "connect_timeout_s", "read_timeout_s", "policy")
+
+
+def split_options(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the options that engine ``name`` takes itself, the ``EngineConfig`` ones) of
+    ``options``: the remote engine's own are ``REMOTE_OPTIONS``; the embedded ones have none."""
+    own = REMOTE_OPTIONS if name == "remote" else ()
+    return ({k: v for k, v in options.items() if k in own},
+            {k: v for k, v in options.items() if k not in own})
+
+
+def engine_config(options: dict[str, Any]) -> EngineConfig:
+    """``EngineConfig(**options)``; an option it has no field for is a one-line
+    ``ConfigError`` naming it (not the constructor's ``TypeError``)."""
+    known = {f.name for f in fields(EngineConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown engine options {unknown}; expected some of {sorted(known)}")
+    return EngineConfig(**options)
+
+
+def check_engine(name: str, **options: Any) -> None:
+    """Validate an engine name and its options as ``create_engine`` would, without building
+    anything (an adapter's constructor: a typo costs nothing, not an engine start-up)."""
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
+    own, rest = split_options(name, options)
+    if name == "remote" and not (own.get("urls") or own.get("upstream")):
+        raise ConfigError("the remote engine needs urls=[...] (vLLM server base URLs)")
+    engine_config(rest)
 
 
 def _remote(config: EngineConfig | None, options: dict[str, Any]) -> BaseEngine:
     from suffixmem.engine.remote import RemoteEngine
 
-    urls = options.pop("urls", None) or options.pop("upstream", None)
+    own, options = split_options("remote", options)
+    urls, upstream = own.pop("urls", None), own.pop("upstream", None)
+    urls = urls or upstream
     if not urls:
         raise ConfigError("the remote engine needs urls=[...] (vLLM server base URLs)")
-    database_url = options.pop("database_url", None)
-    kwargs = {k: options.pop(k) for k in _REMOTE_OPTIONS if k in options}
+    database_url = own.pop("database_url", None)
     if config is None:
-        config = EngineConfig(**options)
+        config = engine_config(options)
     elif options:
         raise ConfigError("give either config or keyword options, not both")
     pins = None
@@ -60,4 +93,4 @@ def _remote(config: EngineConfig | None, options: dict[str, Any]) -> BaseEngine:
 
         pins = SqlPins(database_url)
     return RemoteEngine([urls] if isinstance(urls, str) else list(urls), config, pins=pins,
-                        **kwargs)
+                        **own)

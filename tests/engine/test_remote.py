@@ -218,6 +218,42 @@ def test_suffixmem_serve_over_the_replicas(replicas, database_url, tmp_path) -> 
         log.close()
 
 
+def test_adapters_name_the_remote_engine(replicas, database_url) -> None:  # type: ignore[no-untyped-def]
+    """``SuffixMemChatModel(engine="remote", engine_options={"urls": [...]})`` (and LlamaIndex's
+    ``SuffixMemLLM``) reach the replicas through the shared runtime: one engine for equal
+    options, the second turn of a session read from the replica's cache (``cache_read``), and
+    the same greedy reply from either adapter on the same prompt."""
+    from langchain_suffixmem import SuffixMemChatModel
+    from llama_index.core.llms import ChatMessage
+    from llama_index.llms.suffixmem import SuffixMemLLM
+
+    from suffixmem import runtime
+
+    options = {"urls": [r.url for r in replicas], "max_model_len": 1024}
+    chat = SuffixMemChatModel(engine="remote", engine_options=options,
+                              database_url=database_url, max_tokens=8, temperature=0.0)
+    llm = SuffixMemLLM(engine="remote", engine_options=options, database_url=database_url,
+                       max_tokens=8, temperature=0.0)
+    assert llm.metadata.context_window == 1024 and llm.metadata.is_function_calling_model
+    try:
+        assert runtime.get_engine("remote", **options) is chat.get_manager().engine
+        assert llm.get_manager() is chat.get_manager()  # one engine, one database: one manager
+        config = {"configurable": {"session_id": "remote-adapter"}}
+        sent = [("system", SYSTEM), ("human", "Tell me about bread.")]
+        first = chat.invoke(sent, config=config)
+        # a LangChain app resends the whole conversation: stored history plus the new message
+        second = chat.invoke([*sent, first, ("human", "And about cheese?")], config=config)
+        assert first.content and second.content
+        assert chat.get_manager().get_session("remote-adapter").message_count == 4
+        read = second.usage_metadata["input_token_details"]["cache_read"]
+        assert read >= first.usage_metadata["input_tokens"] // 32 * 32 > 0
+        again = llm.chat([ChatMessage(role="system", content=SYSTEM),
+                          ChatMessage(role="user", content="Tell me about bread.")])
+        assert again.message.content == first.content
+    finally:
+        runtime.close_all()
+
+
 def test_killing_the_replica_moves_its_sessions_with_history_intact(  # type: ignore[no-untyped-def]
         manager, remote, replicas) -> None:
     urls = [r.url for r in replicas]

@@ -11,8 +11,9 @@ from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from suffixmem import runtime
-from suffixmem.config import DEFAULT_MODEL, EngineConfig
+from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager
+from suffixmem.engine import check_engine
 from suffixmem.engine.protocol import SamplingParams
 from suffixmem.errors import InvalidRequestError, ModelError
 
@@ -80,9 +81,8 @@ class SuffixMemParams(BaseModel):
 
     def _check_engine(self) -> None:
         if isinstance(self.engine, str):
-            # validate the options now (cheap) rather than when the engine first starts
-            EngineConfig(model=self.model, **self.engine_options)
-            runtime.supports_json_schema(self.engine)  # unknown names raise here
+            # validate the name and options now (cheap) rather than when the engine first starts
+            check_engine(self.engine, model=self.model, **self.engine_options)
         else:
             self.model = self.engine.model_name
         if self.timeout is not None and self.timeout <= 0:

@@ -206,7 +206,10 @@ def test_oversize_prompt_and_bad_arguments_raise_value_error(
     # construction errors are the library's own one-line errors, not pydantic's wrapping
     for kwargs, error, says in (({"max_tokens": -1}, InvalidRequestError, "max_tokens"),
                                 ({"timeout": 0}, InvalidRequestError, "timeout must be > 0"),
-                                ({"engine": "tensorrt"}, ConfigError, "unknown engine")):
+                                ({"engine": "tensorrt"}, ConfigError, "unknown engine"),
+                                ({"engine_options": {"max_model_lenn": 64}}, ConfigError,
+                                 r"unknown engine options \['max_model_lenn'\]"),
+                                ({"engine": "remote"}, ConfigError, "needs urls")):
         for cls in (SuffixMemChatModel, SuffixMemLLM):
             with pytest.raises(error, match=says) as bad:
                 cls(**kwargs)

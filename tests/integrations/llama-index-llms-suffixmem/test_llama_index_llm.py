@@ -147,7 +147,10 @@ def test_bad_input_raises_value_error(llm: SuffixMemLLM, shared_engine: Any) -> 
     # construction errors are the library's own one-line errors, not pydantic's wrapping
     for kwargs, error, says in (({"max_tokens": -1}, InvalidRequestError, "max_tokens"),
                                 ({"timeout": 0}, InvalidRequestError, "timeout must be > 0"),
-                                ({"engine": "tensorrt"}, ConfigError, "unknown engine")):
+                                ({"engine": "tensorrt"}, ConfigError, "unknown engine"),
+                                ({"engine_options": {"max_model_lenn": 64}}, ConfigError,
+                                 r"unknown engine options \['max_model_lenn'\]"),
+                                ({"engine": "remote"}, ConfigError, "needs urls")):
         with pytest.raises(error, match=says) as bad:
             SuffixMemLLM(**kwargs)
         assert "\n" not in str(bad.value) and "validation error" not in str(bad.value)

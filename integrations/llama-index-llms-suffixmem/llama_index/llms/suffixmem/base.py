@@ -42,8 +42,9 @@ from llama_index.llms.suffixmem.responses import (
 from llama_index.llms.suffixmem.tools import specs, tool_selections, with_tools_prompt
 
 from suffixmem import runtime
-from suffixmem.config import DEFAULT_MODEL, EngineConfig
+from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
+from suffixmem.engine import check_engine, engine_config, split_options
 from suffixmem.engine.protocol import Message, Result, SamplingParams, aiter_events
 from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import ToolSpec, reply_schema
@@ -114,9 +115,8 @@ class SuffixMemLLM(FunctionCallingLLM):
         self._check_engine()
 
     def _check_engine(self) -> None:
-        if isinstance(self.engine, str):
-            EngineConfig(model=self.model, **self.engine_options)  # fail early on bad options
-            runtime.supports_json_schema(self.engine)  # unknown names raise here
+        if isinstance(self.engine, str):  # fail early on a bad name or options
+            check_engine(self.engine, model=self.model, **self.engine_options)
         else:
             self.model = self.engine.model_name
         if self.timeout is not None and self.timeout <= 0:
@@ -146,7 +146,8 @@ class SuffixMemLLM(FunctionCallingLLM):
         elif self._manager is not None:
             window = int(self._manager.engine.max_model_len)
         else:  # not started yet: the window it will be started with
-            window = EngineConfig(model=self.model, **self.engine_options).max_model_len
+            options = split_options(self.engine, self.engine_options)[1]
+            window = engine_config({"model": self.model, **options}).max_model_len
         return LLMMetadata(
             context_window=window,
             num_output=self.max_tokens or ManagerConfig().max_tokens,
