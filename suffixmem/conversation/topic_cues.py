@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from suffixmem.conversation.topic_text import content_chars, is_question
+from suffixmem.conversation.topic_text import CJK_CHAR, content_chars, is_question
 
 SHIFT_MARKERS: tuple[str, ...] = (
     # English
@@ -125,8 +125,8 @@ THANKS: tuple[str, ...] = (
     "알겠어", "알겠어요", "알겠습니다",
 )
 # these acknowledge only when they open the message: inside one they describe ("Prefiro o
-# Super Mario 64", "the food was great")
-ACKNOWLEDGEMENTS: tuple[str, ...] = (*THANKS,
+# Super Mario 64", "the food was great"); a THANKS acknowledges at the start too
+ACKNOWLEDGEMENTS: tuple[str, ...] = (
     "i see", "makes sense", "great", "cool", "nice", "perfect", "all right", "alright",
     "sounds good", "alles klar", "super", "prima", "vale", "de acuerdo", "genial", "perfecto",
     "claro", "d'accord", "parfait", "je vois", "va bene", "perfetto", "beleza", "valeu",
@@ -142,13 +142,12 @@ ACKNOWLEDGEMENT_MAX_LEAD = 8
 ANAPHORA_MAX_CONTENT = 25
 # a Chinese "X呢?" ("and X?"), Japanese "Xは?" or Korean "X은/는?" is a follow-up by its form
 _FOLLOW_UP_ENDINGS = re.compile(r"(呢|は|은|는)\s*[?？]?\s*$")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 _LEADING = re.compile(r"^[\W_]+", re.UNICODE)
 
 
 def _pattern(phrases: tuple[str, ...], anchored: bool) -> re.Pattern[str]:
-    spaced = sorted((p for p in phrases if not _CJK.search(p)), key=len, reverse=True)
-    cjk = sorted((p for p in phrases if _CJK.search(p)), key=len, reverse=True)
+    spaced = sorted((p for p in phrases if not CJK_CHAR.search(p)), key=len, reverse=True)
+    cjk = sorted((p for p in phrases if CJK_CHAR.search(p)), key=len, reverse=True)
     start = "^" if anchored else r"(?<!\w)"
     alts = [f"{start}{re.escape(p)}(?!\\w)" for p in spaced]
     alts += [f"{'^' if anchored else ''}{re.escape(p)}" for p in cjk]

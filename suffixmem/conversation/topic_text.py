@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 _LETTERS = re.compile(r"[^\W\d_]", re.UNICODE)
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+CJK_CHAR = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 # word characters plus combining marks, which Python's \w leaves out: without them Indic,
 # Hebrew and Arabic words fall apart at every vowel sign into fragments shared by everything
 _MARKS = "\u0300-\u036f\u0591-\u05c7\u064b-\u065f\u0900-\u0dff\u0e31-\u0e4e\u1000-\u109f"
@@ -16,13 +16,13 @@ _NON_WORD = re.compile(f"[^\\w{_MARKS}]+", re.UNICODE)
 
 def content_chars(text: str) -> int:
     """Letters in ``text``, with CJK characters counting as 3 (one carries about a word)."""
-    return len(_LETTERS.findall(text)) + 2 * len(_CJK.findall(text))
+    return len(_LETTERS.findall(text)) + 2 * len(CJK_CHAR.findall(text))
 
 
 def is_cjk(text: str) -> bool:
     """Whether ``text`` is mostly written without spaces (CJK characters among its letters)."""
     letters = len(_LETTERS.findall(text))
-    return letters > 0 and len(_CJK.findall(text)) * 3 >= letters
+    return letters > 0 and len(CJK_CHAR.findall(text)) * 3 >= letters
 
 
 _QUESTION = re.compile(r"[?？¿]|(吗|呢|か)\s*$")
@@ -43,7 +43,7 @@ def char_ngrams(text: str, ngrams: tuple[int, int] = (2, 4)) -> list[str]:
         padded = f" {word} "
         for n in range(lo, hi + 1):
             out += [padded[i:i + n] for i in range(len(padded) - n + 1)]
-    out += _CJK.findall(text)
+    out += CJK_CHAR.findall(text)
     return out
 
 
