@@ -51,9 +51,12 @@ class HiddenSimilarity:
                               f"{layer}, {max_tokens} and {remember}")
         import torch
 
+        from suffixmem.engine.torch.kv_pool import torch_dtype
+
+        dtype_ = torch_dtype(dtype)  # checked for a loaded pair too, as ContextGain does
         self._torch = torch
         self.decoder, self.tokenizer = (model if isinstance(model, tuple)
-                                        else _load(str(model), layer, dtype))
+                                        else _load(str(model), layer, dtype_))
         self.decoder.eval()
         self.max_tokens = max_tokens
         self._remember = remember
@@ -91,16 +94,14 @@ class HiddenSimilarity:
         return vec
 
 
-def _load(model: str, layer: int, dtype: str) -> tuple[Any, Any]:
+def _load(model: str, layer: int, dtype_: Any) -> tuple[Any, Any]:
     """(the base model cut to its first ``layer`` decoder layers, its tokenizer), read from
     the model's local folder; the layers past ``layer`` are never materialised."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from suffixmem.engine.torch.kv_pool import torch_dtype
     from suffixmem.models import resolve_model
 
-    dtype_ = torch_dtype(dtype)
     path = str(resolve_model(model, progress=False))
     config = AutoConfig.from_pretrained(path)
     if layer > config.num_hidden_layers:

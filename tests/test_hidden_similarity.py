@@ -93,3 +93,5 @@ def test_bad_settings_are_one_line_errors(model_path: Path) -> None:
         HiddenSimilarity(model_path, layer=0)
     with pytest.raises(ConfigError, match="unknown dtype"):
         HiddenSimilarity(model_path, dtype="float7")
+    with pytest.raises(ConfigError, match="unknown dtype"):  # a loaded pair: checked the same
+        HiddenSimilarity((object(), object()), dtype="float7")
