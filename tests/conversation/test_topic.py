@@ -242,6 +242,28 @@ def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
         run_topics(3, 0, ["english"], context_gain=True, hidden_similarity=True)
 
 
+def test_the_fitted_cutoff_is_best_on_the_worse_tuning_set(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """``fit_model`` picks the cutoff whose worse tuning set scores best (the target is every
+    set), not the best mean: here 0.3 (0.70 / 0.77) over 0.4 (0.66 / 0.81, a higher mean)."""
+    sys.path.insert(0, str(BENCH))
+    from suffixmem_bench import topics
+
+    natural = topics.load_natural()
+    a, b = natural[:6], natural[6:12]
+    table = {0.3: (0.70, 0.77), 0.4: (0.66, 0.81)}
+
+    def fake_evaluate(detector: TopicDetector, sessions: list) -> dict[str, float]:
+        assert detector.model is not None
+        pair = table.get(round(detector.model.cutoff, 2), (0.1, 0.1))
+        return {"f1": pair[0] if sessions is a else pair[1]}
+
+    monkeypatch.setattr(topics, "evaluate", fake_evaluate)
+    feat = default_detector().featurizer
+    model, tune_f1 = topics.fit_model([(feat, a), (feat, b)])
+    assert model.cutoff == 0.3 and tune_f1 == pytest.approx(0.735)
+
+
 def test_bench_cli_scores_the_named_sets_and_refuses_an_unknown_one() -> None:
     """``bench topics --set NAME``: that set (and natural, the report's ``f1``) only; an
     unknown name is a one-line usage error before any work."""
