@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from suffixmem.conversation.topic import (
@@ -252,13 +252,15 @@ CONVERSATION_SETS = {"natural": NATURAL, "natural-fresh": NATURAL_FRESH,
 def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | None = None,
                contiguous: bool = True, context_gain: bool = False,
                hidden_similarity: bool = False,
-               conversation_sets: Sequence[str] | None = None) -> dict[str, Any]:
+               conversation_sets: Sequence[str] | None = None,
+               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Tune on English held-in topics and the natural tuning sessions; score chatterbot
     held-out topics in ``languages`` (all by default) and the conversation sets named in
     ``conversation_sets`` (``CONVERSATION_SETS``' names; all by default, and ``natural``
     always, the report's ``f1``). See the module docstring for the JSON; ``context_gain`` /
     ``hidden_similarity``: also the detector with that signal of the served model
-    (``topic_gain``; not both)."""
+    (``topic_gain``; not both). ``progress`` gets a line as each phase starts (the served
+    model's signals take minutes)."""
     if context_gain and hidden_similarity:
         raise ValueError("score one served-model signal at a time: context_gain or "
                          "hidden_similarity")
@@ -267,6 +269,8 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         raise ValueError(f"unknown conversation sets {sorted(wanted - set(CONVERSATION_SETS))};"
                          f" expected some of {list(CONVERSATION_SETS)}")
     signal = "context_gain" if context_gain else "hidden_sim" if hidden_similarity else None
+    say = progress or (lambda _m: None)
+    say("building the sessions and fitting the default model and the rule")
     names = sorted(load_topics("english"))
     tune_names, test_names = split_topic_names(names, seed)
     tune_sessions = build_sessions(pools("english", tune_names), n_sessions, seed + 1,
@@ -285,6 +289,8 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         from suffixmem_bench import topic_gain
 
         gain = topic_gain.MemoGain.load(signal=signal)
+        say(f"fitting the {signal} model ({len(tune_sessions) + len(natural_tune)} tuning "
+            "sessions, the served model's forwards on every turn)")
         gain_model, gain_tune_f1 = fit_model(
             [(chat_feat, tune_sessions), (shipped, natural_tune)], gain)
 
@@ -314,12 +320,20 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         if gain is not None:
             d[gain.feature] = topic_gain.scores(detector, gain_model, gain, sessions)
 
+    scored = [*(f"chatterbot-{lang}" for lang in langs),
+              *(n for n in CONVERSATION_SETS if n == "natural" or n in wanted)]
+
+    def scoring(name: str) -> None:
+        say(f"scoring {name} ({scored.index(name) + 1}/{len(scored)})")
+
     for lang in langs:
+        scoring(f"chatterbot-{lang}")
         pool = pools(lang, test_names, utterances(tune_pools[lang]))
         score(f"chatterbot-{lang}", TopicDetector(None, chat_feat, model),
               build_sessions(pool, n_sessions, seed + 2, contiguous), sorted(pool))
     for name, path in CONVERSATION_SETS.items():
-        if name == "natural" or name in wanted:
+        if name in scored:
+            scoring(name)
             score(name, TopicDetector(None, shipped, model), load_natural(path))
     return {
         "datasets": datasets,
@@ -332,7 +346,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
                    "natural_tune_sessions": len(natural_tune), "scored": False},
         "session_construction": "contiguous" if contiguous else "shuffled",
         "tune_topics": tune_names, "test_topics": test_names, "skipped": skipped,
-        **footprint(),
+        **(say("the default detector's time and memory in a fresh interpreter") or footprint()),
         "bench_process_peak_mb": round(peak_rss_mb(), 1),
         **({gain.feature: topic_gain.summary(gain_model, gain_tune_f1, gain, datasets,
                                              signal_turn_ms(shipped, gain_model, gain.gain))}
@@ -368,14 +382,21 @@ def register(bench: Any) -> None:
         if unknown:
             raise typer.BadParameter(f"unknown conversation sets {unknown}; expected some of "
                                      f"{list(CONVERSATION_SETS)}", param_hint="--set")
+        from rich.console import Console
+
+        err = Console(stderr=True)
+        start = time.perf_counter()
+
+        def say(line: str) -> None:  # on stderr: --json keeps stdout one JSON object
+            err.print(f"[dim]{time.perf_counter() - start:6.0f} s  {line}[/]")
+
         with RunContext() as ctx:  # quality figures, but the JSON carries the run's context too
             result = run_topics(sessions, seed, language or None, not shuffled, context_gain,
-                                hidden_similarity, conversation_set or None)
+                                hidden_similarity, conversation_set or None, progress=say)
         result.update(ctx.fields())
         if as_json:
             print(json.dumps(result))
             return
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(title="topic jumps (tuned on English tuning topics and natural_tune only)")

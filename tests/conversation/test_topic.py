@@ -281,6 +281,7 @@ def test_bench_cli_scores_the_named_sets_and_refuses_an_unknown_one() -> None:
     assert r.exit_code == 0, r.output
     assert set(json.loads(r.stdout)["datasets"]) == {"chatterbot-english", "natural",
                                                      "natural-fresh"}
+    assert "scoring natural-fresh (3/3)" in r.stderr  # progress on stderr, beside the JSON
     r = CliRunner().invoke(bench, ["topics", "--set", "natural-typo"])
     assert r.exit_code == 2 and "unknown conversation sets ['natural-typo']" in r.output
     assert "Traceback" not in r.output
