@@ -122,16 +122,19 @@ def test_engine_options_are_checked_by_name_before_anything_starts() -> None:
     the ``EngineConfig`` ones and needs its URLs."""
     from suffixmem.engine import check_engine, split_options
 
-    check_engine("remote", urls=["http://127.0.0.1:9"], sticky=False, max_model_len=1024)
+    check_engine("remote", {"urls": ["http://127.0.0.1:9"], "sticky": False,
+                            "max_model_len": 1024}, model="smollm2-135m-instruct")
     assert split_options("remote", {"urls": ["u"], "sticky": False, "block_size": 32}) == (
         {"urls": ["u"], "sticky": False}, {"block_size": 32})
     assert split_options("torch", {"urls": ["u"]}) == ({}, {"urls": ["u"]})
+    with pytest.raises(ConfigError, match="the model is named twice"):
+        check_engine("torch", {"model": "a"}, model="b")
     for name, options, says in (("torch", {"max_model_lenn": 64}, "unknown engine options"),
                                 ("vllm", {"urls": ["u"]}, r"unknown engine options \['urls'\]"),
                                 ("remote", {"max_model_len": 64}, "needs urls"),
                                 ("tensorrt", {}, "unknown engine 'tensorrt'")):
         with pytest.raises(ConfigError, match=says) as bad:
-            check_engine(name, **options)
+            check_engine(name, options)
         assert "\n" not in str(bad.value)
         if name != "tensorrt":
             with pytest.raises(ConfigError, match=says):

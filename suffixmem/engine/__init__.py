@@ -10,6 +10,7 @@ field. ``check_engine`` validates a name and its options without building anythi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -63,11 +64,19 @@ def engine_config(options: dict[str, Any]) -> EngineConfig:
     return EngineConfig(**options)
 
 
-def check_engine(name: str, **options: Any) -> None:
-    """Validate an engine name and its options as ``create_engine`` would, without building
-    anything (an adapter's constructor: a typo costs nothing, not an engine start-up)."""
+def check_engine(name: str, options: Mapping[str, Any] | None = None, *,
+                 model: str | None = None) -> None:
+    """Validate an engine name, its ``options`` and ``model`` as ``create_engine`` would,
+    without building anything (an adapter's constructor: a typo costs nothing, not an engine
+    start-up)."""
     if name not in ENGINES:
         raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
+    options = dict(options or {})
+    if model is not None:
+        if "model" in options:
+            raise ConfigError("the model is named twice, as model= and in the engine options;"
+                              " give it once, as model=")
+        options["model"] = model
     own, rest = split_options(name, options)
     if name == "remote" and not (own.get("urls") or own.get("upstream")):
         raise ConfigError("the remote engine needs urls=[...] (vLLM server base URLs)")

@@ -82,7 +82,7 @@ class SuffixMemParams(BaseModel):
     def _check_engine(self) -> None:
         if isinstance(self.engine, str):
             # validate the name and options now (cheap) rather than when the engine first starts
-            check_engine(self.engine, model=self.model, **self.engine_options)
+            check_engine(self.engine, self.engine_options, model=self.model)
         else:
             self.model = self.engine.model_name
         if self.timeout is not None and self.timeout <= 0:

@@ -209,7 +209,9 @@ def test_oversize_prompt_and_bad_arguments_raise_value_error(
                                 ({"engine": "tensorrt"}, ConfigError, "unknown engine"),
                                 ({"engine_options": {"max_model_lenn": 64}}, ConfigError,
                                  r"unknown engine options \['max_model_lenn'\]"),
-                                ({"engine": "remote"}, ConfigError, "needs urls")):
+                                ({"engine": "remote"}, ConfigError, "needs urls"),
+                                ({"engine_options": {"model": "x"}}, ConfigError,
+                                 "the model is named twice")):
         for cls in (SuffixMemChatModel, SuffixMemLLM):
             with pytest.raises(error, match=says) as bad:
                 cls(**kwargs)

@@ -150,7 +150,9 @@ def test_bad_input_raises_value_error(llm: SuffixMemLLM, shared_engine: Any) -> 
                                 ({"engine": "tensorrt"}, ConfigError, "unknown engine"),
                                 ({"engine_options": {"max_model_lenn": 64}}, ConfigError,
                                  r"unknown engine options \['max_model_lenn'\]"),
-                                ({"engine": "remote"}, ConfigError, "needs urls")):
+                                ({"engine": "remote"}, ConfigError, "needs urls"),
+                                ({"engine_options": {"model": "x"}}, ConfigError,
+                                 "the model is named twice")):
         with pytest.raises(error, match=says) as bad:
             SuffixMemLLM(**kwargs)
         assert "\n" not in str(bad.value) and "validation error" not in str(bad.value)

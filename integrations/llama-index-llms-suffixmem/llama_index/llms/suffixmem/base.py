@@ -116,7 +116,7 @@ class SuffixMemLLM(FunctionCallingLLM):
 
     def _check_engine(self) -> None:
         if isinstance(self.engine, str):  # fail early on a bad name or options
-            check_engine(self.engine, model=self.model, **self.engine_options)
+            check_engine(self.engine, self.engine_options, model=self.model)
         else:
             self.model = self.engine.model_name
         if self.timeout is not None and self.timeout <= 0:
