@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from suffixmem.config import DEFAULT_MODEL
+from suffixmem.errors import ConfigError, InvalidRequestError
 from suffixmem.models import models_dir
 
 # the configuration of tests/conftest.py's ``vllm_engine``
@@ -40,3 +41,15 @@ def override_model() -> str:
     """Another ``model`` for the standard suites' per-call override tests: the default model's
     provisioned folder, by path (a model spec of its own, so another shared engine serves it)."""
     return str(models_dir() / DEFAULT_MODEL)
+
+# Bad constructor arguments, the library error each must raise (one line, not pydantic's
+# multi-line ValidationError) and what its message says; every adapter is checked with these.
+BAD_CONSTRUCTION: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"max_tokens": -1}, InvalidRequestError, "max_tokens"),
+    ({"timeout": 0}, InvalidRequestError, "timeout must be > 0"),
+    ({"engine": "tensorrt"}, ConfigError, "unknown engine"),
+    ({"engine_options": {"max_model_lenn": 64}}, ConfigError,
+     r"unknown engine options \['max_model_lenn'\]"),
+    ({"engine": "remote"}, ConfigError, "needs urls"),
+    ({"engine_options": {"model": "x"}}, ConfigError, "the model is named twice"),
+]

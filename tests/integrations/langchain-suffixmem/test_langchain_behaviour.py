@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from adapter_setup import MODEL_PARAMS
+from adapter_setup import BAD_CONSTRUCTION, MODEL_PARAMS
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -19,7 +19,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_suffixmem import SuffixMemChatModel, SuffixMemLLM
 
 from suffixmem.engine.protocol import Message
-from suffixmem.errors import ConfigError, ContextWindowError, InvalidRequestError
+from suffixmem.errors import ContextWindowError, InvalidRequestError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
@@ -204,14 +204,7 @@ def test_oversize_prompt_and_bad_arguments_raise_value_error(
     with pytest.raises(ValueError, match="max_tokens"):
         chat.invoke("Hi", max_tokens=0)
     # construction errors are the library's own one-line errors, not pydantic's wrapping
-    for kwargs, error, says in (({"max_tokens": -1}, InvalidRequestError, "max_tokens"),
-                                ({"timeout": 0}, InvalidRequestError, "timeout must be > 0"),
-                                ({"engine": "tensorrt"}, ConfigError, "unknown engine"),
-                                ({"engine_options": {"max_model_lenn": 64}}, ConfigError,
-                                 r"unknown engine options \['max_model_lenn'\]"),
-                                ({"engine": "remote"}, ConfigError, "needs urls"),
-                                ({"engine_options": {"model": "x"}}, ConfigError,
-                                 "the model is named twice")):
+    for kwargs, error, says in BAD_CONSTRUCTION:
         for cls in (SuffixMemChatModel, SuffixMemLLM):
             with pytest.raises(error, match=says) as bad:
                 cls(**kwargs)

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from adapter_setup import MODEL_PARAMS
+from adapter_setup import BAD_CONSTRUCTION, MODEL_PARAMS
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.memory import ChatMemoryBuffer, Memory
 from llama_index.llms.suffixmem import SuffixMemLLM
 
 from suffixmem.conversation.manager import ManagerConfig
-from suffixmem.errors import ConfigError, ContextWindowError, InvalidRequestError
+from suffixmem.errors import ContextWindowError, InvalidRequestError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
@@ -145,14 +145,7 @@ def test_bad_input_raises_value_error(llm: SuffixMemLLM, shared_engine: Any) -> 
     with pytest.raises(InvalidRequestError):  # nothing to answer
         list(llm.stream_chat([ChatMessage(role=MessageRole.USER, content="")]))
     # construction errors are the library's own one-line errors, not pydantic's wrapping
-    for kwargs, error, says in (({"max_tokens": -1}, InvalidRequestError, "max_tokens"),
-                                ({"timeout": 0}, InvalidRequestError, "timeout must be > 0"),
-                                ({"engine": "tensorrt"}, ConfigError, "unknown engine"),
-                                ({"engine_options": {"max_model_lenn": 64}}, ConfigError,
-                                 r"unknown engine options \['max_model_lenn'\]"),
-                                ({"engine": "remote"}, ConfigError, "needs urls"),
-                                ({"engine_options": {"model": "x"}}, ConfigError,
-                                 "the model is named twice")):
+    for kwargs, error, says in BAD_CONSTRUCTION:
         with pytest.raises(error, match=says) as bad:
             SuffixMemLLM(**kwargs)
         assert "\n" not in str(bad.value) and "validation error" not in str(bad.value)
