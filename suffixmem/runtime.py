@@ -23,7 +23,7 @@ import threading
 from dataclasses import asdict, fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
-from suffixmem.config import ENGINES, EngineConfig
+from suffixmem.config import EngineConfig
 from suffixmem.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -165,19 +165,9 @@ def supports_json_schema(engine: str | Engine) -> bool:
     name raises ``ConfigError``."""
     if not isinstance(engine, str):
         return bool(engine.supports_json_schema)
-    if engine == "vllm":
-        from suffixmem.engine.vllm_engine import VLLMEngine
+    from suffixmem.engine import engine_class
 
-        return bool(VLLMEngine.supports_json_schema)
-    if engine == "torch":
-        from suffixmem.engine.torch.engine import TorchEngine
-
-        return bool(TorchEngine.supports_json_schema)
-    if engine == "remote":
-        from suffixmem.engine.remote import RemoteEngine
-
-        return bool(RemoteEngine.supports_json_schema)
-    raise ConfigError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
+    return bool(engine_class(engine).supports_json_schema)
 
 
 def close_all() -> None:

@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from suffixmem.conversation.topic import (
@@ -249,6 +249,14 @@ CONVERSATION_SETS = {"natural": NATURAL, "natural-fresh": NATURAL_FRESH,
                      "natural-blind": NATURAL_BLIND, "natural-blind2": NATURAL_BLIND2}
 
 
+def check_conversation_sets(names: Iterable[str]) -> None:
+    """``ValueError`` naming any of ``names`` that is not a conversation set."""
+    unknown = sorted(set(names) - set(CONVERSATION_SETS))
+    if unknown:
+        raise ValueError(f"unknown conversation sets {unknown}; expected some of "
+                         f"{list(CONVERSATION_SETS)}")
+
+
 def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | None = None,
                contiguous: bool = True, context_gain: bool = False,
                hidden_similarity: bool = False,
@@ -265,9 +273,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         raise ValueError("score one served-model signal at a time: context_gain or "
                          "hidden_similarity")
     wanted = set(CONVERSATION_SETS if conversation_sets is None else conversation_sets)
-    if wanted - set(CONVERSATION_SETS):
-        raise ValueError(f"unknown conversation sets {sorted(wanted - set(CONVERSATION_SETS))};"
-                         f" expected some of {list(CONVERSATION_SETS)}")
+    check_conversation_sets(wanted)
     signal = "context_gain" if context_gain else "hidden_sim" if hidden_similarity else None
     say = progress or (lambda _m: None)
     say("building the sessions and fitting the default model and the rule")
@@ -335,6 +341,8 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         if name in scored:
             scoring(name)
             score(name, TopicDetector(None, shipped, model), load_natural(path))
+    say("the default detector's time and memory in a fresh interpreter")
+    serving = footprint()
     return {
         "datasets": datasets,
         "f1": datasets["natural"]["f1"],
@@ -346,7 +354,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
                    "natural_tune_sessions": len(natural_tune), "scored": False},
         "session_construction": "contiguous" if contiguous else "shuffled",
         "tune_topics": tune_names, "test_topics": test_names, "skipped": skipped,
-        **(say("the default detector's time and memory in a fresh interpreter") or footprint()),
+        **serving,
         "bench_process_peak_mb": round(peak_rss_mb(), 1),
         **({gain.feature: topic_gain.summary(gain_model, gain_tune_f1, gain, datasets,
                                              signal_turn_ms(shipped, gain_model, gain.gain))}
@@ -378,10 +386,10 @@ def register(bench: Any) -> None:
         """Precision/recall/F1 of topic-jump detection on held-out topics and natural chats."""
         from suffixmem_bench.measure import RunContext
 
-        unknown = sorted(set(conversation_set or ()) - set(CONVERSATION_SETS))
-        if unknown:
-            raise typer.BadParameter(f"unknown conversation sets {unknown}; expected some of "
-                                     f"{list(CONVERSATION_SETS)}", param_hint="--set")
+        try:  # before any work
+            check_conversation_sets(conversation_set or ())
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--set") from None
         from rich.console import Console
 
         err = Console(stderr=True)

@@ -31,14 +31,25 @@ def create_engine(
         config = engine_config(options)
     elif options:
         raise ConfigError("give either config or keyword options, not both")
+    return engine_class(name)(config)
+
+
+def engine_class(name: str) -> type[BaseEngine]:
+    """The class of the engine called ``name`` (imported now, nothing built): what
+    ``create_engine`` builds, and what a name can be asked without starting one (its
+    ``supports_json_schema``). ``ConfigError`` for an unknown name."""
     if name == "vllm":
         from suffixmem.engine.vllm_engine import VLLMEngine
 
-        return VLLMEngine(config)
+        return VLLMEngine
     if name == "torch":
         from suffixmem.engine.torch.engine import TorchEngine
 
-        return TorchEngine(config)
+        return TorchEngine
+    if name == "remote":
+        from suffixmem.engine.remote import RemoteEngine
+
+        return RemoteEngine
     raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
 
 
@@ -65,10 +76,10 @@ def engine_config(options: dict[str, Any]) -> EngineConfig:
 
 
 def check_engine(name: str, options: Mapping[str, Any] | None = None, *,
-                 model: str | None = None) -> None:
+                 model: str | None = None) -> EngineConfig:
     """Validate an engine name, its ``options`` and ``model`` as ``create_engine`` would,
     without building anything (an adapter's constructor: a typo costs nothing, not an engine
-    start-up)."""
+    start-up); returns the ``EngineConfig`` the engine would start with."""
     if name not in ENGINES:
         raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
     options = dict(options or {})
@@ -80,7 +91,7 @@ def check_engine(name: str, options: Mapping[str, Any] | None = None, *,
     own, rest = split_options(name, options)
     if name == "remote" and not (own.get("urls") or own.get("upstream")):
         raise ConfigError("the remote engine needs urls=[...] (vLLM server base URLs)")
-    engine_config(rest)
+    return engine_config(rest)
 
 
 def _remote(config: EngineConfig | None, options: dict[str, Any]) -> BaseEngine:

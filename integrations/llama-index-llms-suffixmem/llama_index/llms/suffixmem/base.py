@@ -44,7 +44,7 @@ from llama_index.llms.suffixmem.tools import specs, tool_selections, with_tools_
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
-from suffixmem.engine import check_engine, engine_config, split_options
+from suffixmem.engine import check_engine
 from suffixmem.engine.protocol import Message, Result, SamplingParams, aiter_events
 from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import ToolSpec, reply_schema
@@ -146,8 +146,8 @@ class SuffixMemLLM(FunctionCallingLLM):
         elif self._manager is not None:
             window = int(self._manager.engine.max_model_len)
         else:  # not started yet: the window it will be started with
-            options = split_options(self.engine, self.engine_options)[1]
-            window = engine_config({"model": self.model, **options}).max_model_len
+            window = check_engine(self.engine, self.engine_options,
+                                  model=self.model).max_model_len
         return LLMMetadata(
             context_window=window,
             num_output=self.max_tokens or ManagerConfig().max_tokens,
