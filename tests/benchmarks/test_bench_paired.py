@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from suffixmem_bench.chat.paired import run_paired, summarize
+from suffixmem_bench.chat.paired import run_paired
+from suffixmem_bench.chat.paired_report import summarize
 from suffixmem_bench.chat.workload import Workload
 
 

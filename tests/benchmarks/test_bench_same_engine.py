@@ -11,7 +11,7 @@ import pytest
 
 from suffixmem_bench.chat import same_engine
 from suffixmem_bench.chat.metrics import evaluate_targets
-from suffixmem_bench.chat.paired import summarize
+from suffixmem_bench.chat.paired_report import summarize
 from suffixmem_bench.chat.workload import Workload
 
 TTFT = same_engine.TTFT_TARGET_KEY

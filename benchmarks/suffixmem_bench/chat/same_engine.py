@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from suffixmem_bench.chat.metrics import all_passed
-from suffixmem_bench.chat.paired import TARGET, THROUGHPUT_TARGET, run_paired
+from suffixmem_bench.chat.paired import run_paired
+from suffixmem_bench.chat.paired_report import TARGET, THROUGHPUT_TARGET
 from suffixmem_bench.chat.peers import EngineOptions
 from suffixmem_bench.chat.workload import Workload
 from suffixmem_bench.measure import finite_number, set_threads
