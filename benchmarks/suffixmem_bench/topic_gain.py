@@ -91,7 +91,7 @@ def scores(detector: TopicDetector, gain_model: Any, gain: MemoGain,
            sessions: Sequence[Sequence[tuple[str, str, bool]]]) -> dict[str, float]:
     """One data set's ``context_gain`` entry: the gain detector (``detector``'s featurizer,
     ``gain_model``) on its own verdicts, and both detectors' probability AUCs."""
-    from suffixmem_bench.topics import evaluate
+    from suffixmem_bench.topic_scoring import evaluate
 
     with_gain = TopicDetector(None, detector.featurizer, gain_model, gain)
     g = evaluate(with_gain, sessions)

@@ -6,18 +6,17 @@ sessions built from held-out topic files, and the conversation sets written for 
 
 Tuning data (never scored): the English chatterbot tuning sessions and
 ``data/natural_tune.jsonl``, separate sessions written in the natural set's style. On them: the
-detector's signal model (``topic_signals``: six weights fitted with the true history, then
-the cutoff with the best worst-set F1 running on its own verdicts) and the baseline rule's
-threshold (``RuleDetector``: char 2-4-gram TF-IDF fitted on the session, cosine with the last
-three turns; its best mean F1). Reported per data set: F1, precision, recall, the
-rule's F1, turns and jumps scored, ``all_jumps_f1`` (the F1 of calling every turn a jump: a
-set near it carries little topic signal), ``similarity_auc`` (the rule's similarity as a jump
+detector's signal model (``topic_signals``: six weights fitted with the true history, then the
+cutoff with the best worst-set F1 running on its own verdicts) and the baseline rule's
+threshold (``topic_scoring.RuleDetector``: char 2-4-gram TF-IDF fitted on the session, cosine
+with the last three turns; its best mean F1). Reported per data set: F1, precision, recall, the
+rule's F1, turns and jumps scored, ``all_jumps_f1`` (the F1 of calling every turn a jump: a set
+near it carries little topic signal), ``similarity_auc`` (the rule's similarity as a jump
 score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the set's jumps);
-``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped default
-detector on a 50-turn session in a fresh interpreter (what serving adds; this process also
-holds the corpus and the bench's own torch probe). ``--context-gain`` or
-``--hidden-similarity`` adds the detector with that signal of the served model beside the
-default one (``topic_gain``).
+``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped default detector
+on a 50-turn session in a fresh interpreter (what serving adds; this process also holds the
+corpus and the bench's own torch probe). ``--context-gain`` or ``--hidden-similarity`` adds the
+detector with that signal of the served model beside the default one (``topic_gain``).
 """
 
 from __future__ import annotations
@@ -27,14 +26,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from suffixmem.conversation.topic import (
     Featurizer,
     TopicDetector,
     TopicState,
-    TopicVerdict,
     content_chars,
     default_detector,
     signal_name,
@@ -43,13 +41,19 @@ from suffixmem.conversation.topic_corpus import available_languages, load_topics
 from suffixmem.conversation.topic_cues import has_shift_marker, is_acknowledgement
 from suffixmem.conversation.topic_signals import EXTRA_FEATURES, SignalModel
 from suffixmem_bench.measure import peak_rss_mb
+from suffixmem_bench.topic_scoring import (
+    RuleDetector,
+    best_rule,
+    evaluate,
+    predictions,
+    rule_scores,
+)
 from suffixmem_bench.topic_sets import (
     NATURAL,
     NATURAL_BLIND,
     NATURAL_BLIND2,
     NATURAL_FRESH,
     NATURAL_TUNE,
-    Pair,
     Session,
     build_sessions,
     load_natural,
@@ -58,91 +62,7 @@ from suffixmem_bench.topic_sets import (
     utterances,
 )
 
-THRESHOLDS = [round(0.02 * i, 2) for i in range(1, 26)]
 CUTOFFS = [round(0.05 * i, 2) for i in range(2, 17)]  # 0.1 .. 0.8
-
-
-class RuleDetector:
-    """The plain rule: char 2-4-gram TF-IDF fitted on the session's own text, cosine between the
-    new message and the last ``window`` turns; below ``threshold`` is a jump."""
-
-    def __init__(self, threshold: float = 0.3, window: int = 3) -> None:
-        self.threshold = threshold
-        self.window = window
-
-    def detect(self, turns: Sequence[Pair], message: str) -> TopicVerdict:
-        if not turns:
-            return TopicVerdict(False, None, reason="first turn")
-        from sklearn.feature_extraction.text import TfidfVectorizer
-
-        recent = " ".join(f"{u} {a}" for u, a in turns[-self.window:])
-        m = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4)).fit_transform([recent, message])
-        sim = float((m[0].multiply(m[1])).sum())
-        return TopicVerdict(sim < self.threshold, sim, reason="rule")
-
-
-def jump_scores(truth: Sequence[bool], predicted: Sequence[bool]) -> dict[str, float]:
-    """Precision, recall and F1 of predicted jumps against true boundaries."""
-    tp = sum(1 for t, p in zip(truth, predicted, strict=True) if t and p)
-    fp = sum(1 for t, p in zip(truth, predicted, strict=True) if p and not t)
-    fn = sum(1 for t, p in zip(truth, predicted, strict=True) if t and not p)
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1, "tp": tp, "fp": fp, "fn": fn}
-
-
-def predictions(detector: Any, sessions: Sequence[Session]) -> tuple[list[bool], list[bool]]:
-    """(truth, predicted) for every turn but each session's first. A ``TopicDetector`` runs
-    incrementally on its own verdicts (as in serving); others get the true history."""
-    truth: list[bool] = []
-    pred: list[bool] = []
-    for session in sessions:
-        if isinstance(detector, TopicDetector):
-            state = TopicState()
-            for i, (q, a, jump) in enumerate(session):
-                verdict = detector.observe_user(state, q)
-                if i:
-                    truth.append(jump)
-                    pred.append(verdict.jump)
-                detector.add_turn(state, q, a, verdict.jump)
-        else:
-            for jump, verdict in _verdicts_on_true_history(detector, session):
-                truth.append(jump)
-                pred.append(verdict.jump)
-    return truth, pred
-
-
-def _verdicts_on_true_history(detector: Any, session: Session
-                              ) -> Iterator[tuple[bool, TopicVerdict]]:
-    """(true label, ``detector.detect`` verdict) of every turn but the first, each given the
-    true history before it."""
-    for i, (q, _a, jump) in enumerate(session):
-        if i:
-            yield jump, detector.detect([(u, v) for u, v, _ in session[:i]], q)
-
-
-def evaluate(detector: Any, sessions: Sequence[Session]) -> dict[str, float]:
-    return jump_scores(*predictions(detector, sessions))
-
-
-def rule_scores(rule: RuleDetector, sessions: Sequence[Session]) -> dict[str, float]:
-    """``evaluate(rule, ...)`` plus ``similarity_auc``: how well the rule's similarity alone
-    ranks true jumps below continuations (ROC AUC; 0.5: the set carries no TF-IDF signal that
-    any threshold, ours or the rule's, could find)."""
-    from sklearn.metrics import roc_auc_score
-
-    truth: list[bool] = []
-    verdicts: list[TopicVerdict] = []
-    for session in sessions:
-        for jump, verdict in _verdicts_on_true_history(rule, session):
-            truth.append(jump)
-            verdicts.append(verdict)
-    scores = jump_scores(truth, [v.jump for v in verdicts])
-    sims = [v.similarity or 0.0 for v in verdicts]
-    both = len(set(truth)) == 2
-    scores["similarity_auc"] = float(roc_auc_score(truth, [-x for x in sims])) if both else 0.5
-    return scores
 
 
 def teacher_features(detector: TopicDetector, sessions: Sequence[Session],
@@ -193,12 +113,6 @@ def fit_model(sets: Sequence[tuple[Featurizer, Sequence[Session]]], gain: Any = 
     cutoff, best = max(scored, key=lambda x: (min(x[1]), statistics.fmean(x[1]),
                                               -abs(x[0] - 0.5)))
     return model.with_cutoff(cutoff), statistics.fmean(best)
-
-
-def best_rule(sets: Sequence[Sequence[Session]]) -> tuple[float, float]:
-    """(threshold, mean F1) of the baseline rule's best threshold over ``sets``."""
-    return max(((t, statistics.fmean(evaluate(RuleDetector(t), s)["f1"] for s in sets))
-                for t in THRESHOLDS), key=lambda x: (x[1], -x[0]))
 
 
 def per_turn_ms(detector: TopicDetector, turns: int = 50) -> float:

@@ -212,8 +212,8 @@ def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
 
     # the served model's forwards are what this test pays for (two per turn for the context
     # gain): the plumbing is the same on the first sessions of the natural and tuning sets
-    for name, path, keep in (("natural", topics.CONVERSATION_SETS["natural"], 12),
-                             ("tune", topics.NATURAL_TUNE, 8)):
+    for name, path, keep in (("natural", topics.CONVERSATION_SETS["natural"], 6),
+                             ("tune", topics.NATURAL_TUNE, 4)):
         short = tmp_path / path.name
         short.write_text("".join(path.read_text(encoding="utf-8").splitlines(True)[:keep]),
                          encoding="utf-8")
@@ -291,7 +291,7 @@ def test_similarity_auc_is_one_where_jumps_share_nothing_and_half_where_all_look
 ) -> None:
     """``bench topics``' per-set ``similarity_auc``: the rule's similarity as a jump score."""
     sys.path.insert(0, str(BENCH))
-    from suffixmem_bench.topics import RuleDetector, rule_scores
+    from suffixmem_bench.topic_scoring import RuleDetector, rule_scores
 
     cats = [("Why do cats purr when they sleep?", "Cats purr when relaxed."),
             ("Do cats purr when they are sick?", "Cats sometimes purr when sick."),

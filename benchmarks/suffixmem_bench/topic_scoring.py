@@ -1,0 +1,103 @@
+"""Scoring topic-jump detectors: precision, recall and F1 against labelled sessions, and the
+baseline every data set is compared with (``RuleDetector``, the plain rule with its threshold
+tuned on the same tuning data as the detector). Used by ``suffixmem bench topics``."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from suffixmem.conversation.topic import TopicDetector, TopicState, TopicVerdict
+from suffixmem_bench.topic_sets import Pair, Session
+
+THRESHOLDS = [round(0.02 * i, 2) for i in range(1, 26)]
+
+
+class RuleDetector:
+    """The plain rule: char 2-4-gram TF-IDF fitted on the session's own text, cosine between the
+    new message and the last ``window`` turns; below ``threshold`` is a jump."""
+
+    def __init__(self, threshold: float = 0.3, window: int = 3) -> None:
+        self.threshold = threshold
+        self.window = window
+
+    def detect(self, turns: Sequence[Pair], message: str) -> TopicVerdict:
+        if not turns:
+            return TopicVerdict(False, None, reason="first turn")
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        recent = " ".join(f"{u} {a}" for u, a in turns[-self.window:])
+        m = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4)).fit_transform([recent, message])
+        sim = float((m[0].multiply(m[1])).sum())
+        return TopicVerdict(sim < self.threshold, sim, reason="rule")
+
+
+def jump_scores(truth: Sequence[bool], predicted: Sequence[bool]) -> dict[str, float]:
+    """Precision, recall and F1 of predicted jumps against true boundaries."""
+    tp = sum(1 for t, p in zip(truth, predicted, strict=True) if t and p)
+    fp = sum(1 for t, p in zip(truth, predicted, strict=True) if p and not t)
+    fn = sum(1 for t, p in zip(truth, predicted, strict=True) if t and not p)
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1, "tp": tp, "fp": fp, "fn": fn}
+
+
+def predictions(detector: Any, sessions: Sequence[Session]) -> tuple[list[bool], list[bool]]:
+    """(truth, predicted) for every turn but each session's first. A ``TopicDetector`` runs
+    incrementally on its own verdicts (as in serving); others get the true history."""
+    truth: list[bool] = []
+    pred: list[bool] = []
+    for session in sessions:
+        if isinstance(detector, TopicDetector):
+            state = TopicState()
+            for i, (q, a, jump) in enumerate(session):
+                verdict = detector.observe_user(state, q)
+                if i:
+                    truth.append(jump)
+                    pred.append(verdict.jump)
+                detector.add_turn(state, q, a, verdict.jump)
+        else:
+            for jump, verdict in _verdicts_on_true_history(detector, session):
+                truth.append(jump)
+                pred.append(verdict.jump)
+    return truth, pred
+
+
+def _verdicts_on_true_history(detector: Any, session: Session
+                              ) -> Iterator[tuple[bool, TopicVerdict]]:
+    """(true label, ``detector.detect`` verdict) of every turn but the first, each given the
+    true history before it."""
+    for i, (q, _a, jump) in enumerate(session):
+        if i:
+            yield jump, detector.detect([(u, v) for u, v, _ in session[:i]], q)
+
+
+def evaluate(detector: Any, sessions: Sequence[Session]) -> dict[str, float]:
+    return jump_scores(*predictions(detector, sessions))
+
+
+def rule_scores(rule: RuleDetector, sessions: Sequence[Session]) -> dict[str, float]:
+    """``evaluate(rule, ...)`` plus ``similarity_auc``: how well the rule's similarity alone
+    ranks true jumps below continuations (ROC AUC; 0.5: the set carries no TF-IDF signal that
+    any threshold, ours or the rule's, could find)."""
+    from sklearn.metrics import roc_auc_score
+
+    truth: list[bool] = []
+    verdicts: list[TopicVerdict] = []
+    for session in sessions:
+        for jump, verdict in _verdicts_on_true_history(rule, session):
+            truth.append(jump)
+            verdicts.append(verdict)
+    scores = jump_scores(truth, [v.jump for v in verdicts])
+    sims = [v.similarity or 0.0 for v in verdicts]
+    both = len(set(truth)) == 2
+    scores["similarity_auc"] = float(roc_auc_score(truth, [-x for x in sims])) if both else 0.5
+    return scores
+
+
+def best_rule(sets: Sequence[Sequence[Session]]) -> tuple[float, float]:
+    """(threshold, mean F1) of the baseline rule's best threshold over ``sets``."""
+    return max(((t, statistics.fmean(evaluate(RuleDetector(t), s)["f1"] for s in sets))
+                for t in THRESHOLDS), key=lambda x: (x[1], -x[0]))
