@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+# kana, CJK ideographs (with extension A) and Hangul syllables: text mostly written without
+# spaces, whose tokens are counted differently (and ``conversation.topic_text`` reads as words)
+CJK_CHAR = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 
 
 @functools.cache
@@ -70,7 +72,7 @@ class TokenCounter:
         if self.engine is not None:
             return Estimate(len(self.engine.tokenize(text)), "engine")
         enc = _tiktoken_encoding()
-        cjk = len(_CJK.findall(text)) * 2 > len(text)
+        cjk = len(CJK_CHAR.findall(text)) * 2 > len(text)
         scale = self.cjk_scale if cjk else self.scale
         if enc is None:
             return Estimate(max(1, round(len(text.encode("utf-8")) / 4 * scale)), "bytes")

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 
+from suffixmem.tokens import CJK_CHAR
+
 _LETTERS = re.compile(r"[^\W\d_]", re.UNICODE)
-CJK_CHAR = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 # word characters plus combining marks, which Python's \w leaves out: without them Indic,
 # Hebrew and Arabic words fall apart at every vowel sign into fragments shared by everything
 _MARKS = "\u0300-\u036f\u0591-\u05c7\u064b-\u065f\u0900-\u0dff\u0e31-\u0e4e\u1000-\u109f"
