@@ -121,20 +121,22 @@ DEFAULT_MODEL = SignalModel(
     weights=(-3.0425, 3.6071, 0.3544, 4.1564, -1.7447, -0.3553), bias=-3.779, cutoff=0.25,
 )
 
-# fitted with `bench topics --context-gain` (seed 0, 120 English chatterbot tuning sessions and
-# the 18 natural tuning sessions; results/topics/context-gain-intel-3476dc0.json, bf16 forwards
-# on an Intel Xeon host): with the gain, the similarity's own weight shrinks and its drop below
-# the topic's earlier similarities and the follow-up cue carry the TF-IDF side. Cutoff 0.30,
-# where the worse tuning set scores best (0.70; their mean 0.735).
+# fitted with `bench topics --context-gain` (seed 0, the same tuning sessions as DEFAULT_MODEL;
+# results/topics/context-gain-intel-c8953c5.json, bf16 forwards on an Intel Xeon host): with the
+# gain, the similarity's own weight shrinks and its drop below the topic's earlier similarities
+# and the follow-up cue carry the TF-IDF side. Cutoff 0.30, the smallest worst regret over the
+# tuning sets.
 GAIN_MODEL = SignalModel(
-    weights=(-0.5439, 2.5059, -0.0276, 0.1919, -1.9139, 0.1025, -2.0247), bias=-0.3556,
+    weights=(-1.3917, 2.262, -0.6338, 2.8333, -1.3325, -0.0236, -2.0945), bias=-1.2405,
     cutoff=0.3, features=GAIN_FEATURES,
 )
 
-# fitted with `bench topics --hidden-similarity` (seed 0, the same tuning sessions; layer 12,
-# the first 24 tokens of each message; results/topics/avx512-bc9e27b.json): the hidden cosine with
-# the last user message weighs against a jump, beside the TF-IDF signals.
+# fitted with `bench topics --hidden-similarity` (seed 0, the same tuning sessions as
+# DEFAULT_MODEL; layer 12, the first 24 tokens of each message;
+# results/topics/hidden-intel-c8953c5.json, bf16 forwards on an Intel Xeon host): the hidden
+# cosine with the last user message weighs against a jump, beside the TF-IDF signals. Cutoff
+# 0.25, the smallest worst regret over the tuning sets.
 HIDDEN_MODEL = SignalModel(
-    weights=(-2.4552, 2.9704, 0.557, 2.6286, -2.3638, -0.1506, -4.138), bias=0.5387,
+    weights=(-2.4819, 2.9282, 0.3666, 4.0243, -1.8056, -0.0223, -6.5189), bias=1.769,
     cutoff=0.25, features=HIDDEN_FEATURES,
 )
