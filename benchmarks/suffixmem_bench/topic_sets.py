@@ -43,6 +43,7 @@ characters found verbatim in a scored set, or the session's user text at a chara
 cosine above 0.45 with a scored session's; the first 18 reach 0.47 at most): helpers given
 similar briefs write similar chats (a creek bank after a bank's overdraft fee, in a tuning
 and in a scored session alike), and a near copy in the tuning data would inflate the scores.
+``near_copies`` keeps that check (a test runs it on the shipped tuning set).
 """
 
 from __future__ import annotations
@@ -135,3 +136,31 @@ def build_sessions(pool: dict[str, list[list[Pair]]], n: int, seed: int,
 def load_natural(path: Path = NATURAL) -> list[Session]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
     return [[(t["user"], t["assistant"], bool(t["jump"])) for t in r["turns"]] for r in rows]
+
+
+SCORED_SETS = (NATURAL, NATURAL_FRESH, NATURAL_BLIND, NATURAL_BLIND2)
+# with the IDF of the scored sets alone, the first 18 tuning sessions (written with the natural
+# set) reach 0.513 and the 42 kept later ones 0.517; the later ones dropped reached 0.53-0.68
+# (they were picked at 0.45 with an IDF over the scored sets and all 78 tuning sessions, the
+# verbatim rule besides; 14 of the 18 are caught here, the other 4 by the verbatim rule)
+COPY_COSINE = 0.52
+
+
+def near_copies(tuning: Sequence[Session], scored: Sequence[Session],
+                cosine: float = COPY_COSINE, min_chars: int = 12) -> list[int]:
+    """Indices of the ``tuning`` sessions that near-copy a ``scored`` one: a user message of
+    ``min_chars`` or more characters found in a scored session (case aside), or all its user
+    text at a character 2-4-gram TF-IDF cosine above ``cosine`` with a scored session's (the
+    module docstring says why the tuning data is checked)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    def text(s: Session) -> str:
+        return " ".join(q for q, _, _ in s)
+
+    seen = {q.lower() for s in scored for q, _, _ in s if len(q) >= min_chars}
+    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4))
+    vec.fit([text(s) for s in scored])  # the scored sets alone: one fixed reference
+    closest = (vec.transform([text(s) for s in tuning])
+               @ vec.transform([text(s) for s in scored]).T).max(axis=1).toarray().ravel()
+    return [i for i, s in enumerate(tuning)
+            if closest[i] > cosine or any(q.lower() in seen for q, _, _ in s)]

@@ -198,6 +198,24 @@ def test_bench_json_shape() -> None:
     assert r["session_construction"] == "contiguous"
 
 
+def test_tuning_sessions_copy_no_scored_session() -> None:
+    """The natural tuning set never near-copies a scored session (``topic_sets.near_copies``:
+    a shared user message, or user text too alike), and the check does catch a copy: a scored
+    session with every message reworded, or one of its messages pasted into a new session."""
+    sys.path.insert(0, str(BENCH))
+    from suffixmem_bench.topic_sets import NATURAL_TUNE, SCORED_SETS, load_natural, near_copies
+
+    scored = [s for path in SCORED_SETS for s in load_natural(path)]
+    tune = load_natural(NATURAL_TUNE)
+    assert len(tune) >= 60 and near_copies(tune, scored) == []
+    donor = max(scored, key=len)
+    reworded = [(q + " please", a, j) for q, a, j in donor]  # no message verbatim: the cosine
+    long_q = next(q for q, _, _ in donor if len(q) >= 12)
+    pasted = [("How do I descale a kettle?", "Vinegar and water.", False),
+              (long_q.upper(), "...", True)]
+    assert near_copies([*tune[:3], reworded, pasted], scored) == [3, 4]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signal", ["context_gain", "hidden_sim"])
 def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
