@@ -21,7 +21,6 @@ Contract for subclasses (``VLLMEngine``, ``TorchEngine``, ``RemoteEngine``):
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from abc import abstractmethod
@@ -47,8 +46,6 @@ from suffixmem.errors import (
 )
 
 __all__ = ["BaseEngine", "Event", "one_line"]
-
-log = logging.getLogger(__name__)
 
 Event = TokenEvent | Result
 
