@@ -32,6 +32,15 @@
   follow-ups and thanks after an interjection read as jumps; the rule 0.211); the thanks
   rule of ``topic_cues.is_acknowledgement`` was then widened with its errors in view.
 
+- ``natural-blind3``: ``data/natural_blind3.jsonl``, 40 sessions (437 turns, 54 jumps) in 12
+  languages (English, Hindi, Arabic, Vietnamese, Thai, Hebrew, Ukrainian, Romanian, Finnish,
+  traditional Chinese, Japanese, German; Thai is written without spaces), written on
+  2026-12-05 by a helper that saw no code, no data set and no example, asked for the requests
+  people make while getting things done (emails, admin, health, repairs) and away from the
+  clichés of the other sets. First scored at 9bb03db, after the tuning data and the cutoff
+  rule of that day: F1 0.479 (precision 0.35, recall 0.74; 0.377 with the model before them;
+  the tuned rule 0.14).
+
 Tuning only: ``natural_tune`` (``data/natural_tune.jsonl``): 60 sessions (538 turns, 69 jumps)
 in 20 languages, never scored. The first 18 (``tune-*``: English, German, Spanish, Chinese)
 were written with the natural set; 42 more (``tuneA-*``, ``tuneB-*``; 2026-12-05) by two
@@ -64,6 +73,7 @@ NATURAL_TUNE = DATA / "natural_tune.jsonl"
 NATURAL_FRESH = DATA / "natural_fresh.jsonl"
 NATURAL_BLIND = DATA / "natural_blind.jsonl"
 NATURAL_BLIND2 = DATA / "natural_blind2.jsonl"
+NATURAL_BLIND3 = DATA / "natural_blind3.jsonl"
 
 
 def split_topic_names(names: Sequence[str], seed: int) -> tuple[list[str], list[str]]:
@@ -138,19 +148,21 @@ def load_natural(path: Path = NATURAL) -> list[Session]:
     return [[(t["user"], t["assistant"], bool(t["jump"])) for t in r["turns"]] for r in rows]
 
 
-SCORED_SETS = (NATURAL, NATURAL_FRESH, NATURAL_BLIND, NATURAL_BLIND2)
-# with the IDF of the scored sets alone, the first 18 tuning sessions (written with the natural
-# set) reach 0.513 and the 42 kept later ones 0.517; the later ones dropped reached 0.53-0.68
-# (they were picked at 0.45 with an IDF over the scored sets and all 78 tuning sessions, the
-# verbatim rule besides; 14 of the 18 are caught here, the other 4 by the verbatim rule)
-COPY_COSINE = 0.52
+SCORED_SETS = (NATURAL, NATURAL_FRESH, NATURAL_BLIND, NATURAL_BLIND2, NATURAL_BLIND3)
+# character 4-6-grams (phrases, not the function words every session of a language shares),
+# with the IDF of the scored sets alone: the tuning sessions kept reach 0.47 (a Vietnamese one,
+# against natural-blind3's), the first 18 0.32; the 18 dropped reached 0.21-0.57 (they were
+# picked on 2026-12-05 by 2-4-gram cosine above 0.45, IDF over the scored sets and all 78
+# tuning sessions, besides the verbatim rule). This guard flags 4 of those 18: it is for copies
+# (a scored session reworded, a message pasted), not the looser likeness dropped then.
+COPY_COSINE = 0.5
 
 
 def near_copies(tuning: Sequence[Session], scored: Sequence[Session],
                 cosine: float = COPY_COSINE, min_chars: int = 12) -> list[int]:
     """Indices of the ``tuning`` sessions that near-copy a ``scored`` one: a user message of
     ``min_chars`` or more characters found in a scored session (case aside), or all its user
-    text at a character 2-4-gram TF-IDF cosine above ``cosine`` with a scored session's (the
+    text at a character 4-6-gram TF-IDF cosine above ``cosine`` with a scored session's (the
     module docstring says why the tuning data is checked)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
@@ -158,7 +170,7 @@ def near_copies(tuning: Sequence[Session], scored: Sequence[Session],
         return " ".join(q for q, _, _ in s)
 
     seen = {q.lower() for s in scored for q, _, _ in s if len(q) >= min_chars}
-    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4))
+    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=(4, 6))
     vec.fit([text(s) for s in scored])  # the scored sets alone: one fixed reference
     closest = (vec.transform([text(s) for s in tuning])
                @ vec.transform([text(s) for s in scored]).T).max(axis=1).toarray().ravel()

@@ -2,7 +2,8 @@
 
 Data sets (``topic_sets``, whose docstring describes each): ``chatterbot-<language>``
 sessions built from held-out topic files, and the conversation sets written for this project
-(``natural``, ``natural-fresh``, ``natural-blind``, ``natural-blind2``), never tuned on.
+(``natural``, ``natural-fresh``, ``natural-blind``, ``natural-blind2``, ``natural-blind3``),
+never tuned on.
 
 Tuning data (never scored): the English chatterbot tuning sessions and
 ``data/natural_tune.jsonl``, separate sessions written in the natural set's style. On them: the
@@ -52,6 +53,7 @@ from suffixmem_bench.topic_sets import (
     NATURAL,
     NATURAL_BLIND,
     NATURAL_BLIND2,
+    NATURAL_BLIND3,
     NATURAL_FRESH,
     NATURAL_TUNE,
     Session,
@@ -168,7 +170,8 @@ def footprint(turns: int = 50) -> dict[str, float]:
 
 # the scored conversation sets (module docstring), by report name
 CONVERSATION_SETS = {"natural": NATURAL, "natural-fresh": NATURAL_FRESH,
-                     "natural-blind": NATURAL_BLIND, "natural-blind2": NATURAL_BLIND2}
+                     "natural-blind": NATURAL_BLIND, "natural-blind2": NATURAL_BLIND2,
+                     "natural-blind3": NATURAL_BLIND3}
 
 
 def check_conversation_sets(names: Iterable[str]) -> None:

@@ -170,7 +170,8 @@ def test_bench_json_shape() -> None:
     assert len(natural) >= 40 and all(8 <= len(s) <= 16 for s in natural)
     r = json.loads(json.dumps(run_topics(8, 0, ["english", "chinese"])))
     assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural",
-                                  "natural-fresh", "natural-blind", "natural-blind2"}
+                                  "natural-fresh", "natural-blind", "natural-blind2",
+                                  "natural-blind3"}
     for d in r["datasets"].values():
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "turns", "jumps"}
         assert 0 <= d["f1"] <= 1 and d["turns"] > 0
@@ -187,11 +188,16 @@ def test_bench_json_shape() -> None:
 
     tune = load_natural(NATURAL_TUNE)
     assert r["tuning"]["natural_tune_sessions"] == len(tune) >= 10 and not r["tuning"]["scored"]
-    from suffixmem_bench.topics import NATURAL_BLIND, NATURAL_BLIND2, NATURAL_FRESH
+    from suffixmem_bench.topics import (
+        NATURAL_BLIND,
+        NATURAL_BLIND2,
+        NATURAL_BLIND3,
+        NATURAL_FRESH,
+    )
 
     fresh = (load_natural(NATURAL_FRESH) + load_natural(NATURAL_BLIND)
-             + load_natural(NATURAL_BLIND2))
-    assert len(fresh) >= 94 and all(7 <= len(s) <= 16 for s in fresh)
+             + load_natural(NATURAL_BLIND2) + load_natural(NATURAL_BLIND3))
+    assert len(fresh) >= 134 and all(7 <= len(s) <= 16 for s in fresh)
     scored = {q for s in natural + fresh for q, _, _ in s if len(q) >= 20}
     assert not scored & {q for s in tune for q, _, _ in s}
     assert set(r["model"]) >= {"sim", "novelty", "bias", "cutoff"}
