@@ -356,12 +356,16 @@ def test_semantic_temperature_follows_the_model(tmp_path: Path) -> None:
 
 
 def test_words_keep_their_combining_marks() -> None:
-    """Indic and Hebrew vowel signs are not \\w in Python; words must not split at them."""
+    """Indic and Hebrew vowel signs are not \\w in Python; words must not split at them, and
+    they count as letters."""
     from suffixmem.conversation.topic import word_tokens
 
     assert word_tokens("আমি তোমাকে ভালোবাসি") == ["আমি", "তোমাকে", "ভালোবাসি"]
     assert word_tokens("שָׁלוֹם עוֹלָם") == ["שָׁלוֹם", "עוֹלָם"]
     assert word_tokens("Hello, world!") == ["hello", "world"]
+    # and they are letters: a Hindi or Tamil message is not counted as half its length
+    assert content_chars("नमस्ते") == 6 and content_chars("hello") == 5
+    assert content_chars("சென்னை") == 6 and content_chars("12 ok!") == 2
 
 
 def _dense(row):
