@@ -122,21 +122,21 @@ DEFAULT_MODEL = SignalModel(
 )
 
 # fitted with `bench topics --context-gain` (seed 0, the same tuning sessions as DEFAULT_MODEL;
-# results/topics/context-gain-intel-c8953c5.json, bf16 forwards on an Intel Xeon host): with the
+# results/topics/context-gain-intel-465ee08.json, bf16 forwards on an Intel Xeon host): with the
 # gain, the similarity's own weight shrinks and its drop below the topic's earlier similarities
 # and the follow-up cue carry the TF-IDF side. Cutoff 0.30, the smallest worst regret over the
 # tuning sets.
 GAIN_MODEL = SignalModel(
-    weights=(-1.3917, 2.262, -0.6338, 2.8333, -1.3325, -0.0236, -2.0945), bias=-1.2405,
+    weights=(-1.3912, 2.2522, -0.6289, 2.8965, -1.3162, -0.0167, -2.0922), bias=-1.3032,
     cutoff=0.3, features=GAIN_FEATURES,
 )
 
 # fitted with `bench topics --hidden-similarity` (seed 0, the same tuning sessions as
 # DEFAULT_MODEL; layer 12, the first 24 tokens of each message;
-# results/topics/hidden-intel-c8953c5.json, bf16 forwards on an Intel Xeon host): the hidden
+# results/topics/hidden-intel-465ee08.json, bf16 forwards on an Intel Xeon host): the hidden
 # cosine with the last user message weighs against a jump, beside the TF-IDF signals. Cutoff
 # 0.25, the smallest worst regret over the tuning sets.
 HIDDEN_MODEL = SignalModel(
-    weights=(-2.4819, 2.9282, 0.3666, 4.0243, -1.8056, -0.0223, -6.5189), bias=1.769,
+    weights=(-2.5009, 2.9344, 0.352, 4.1844, -1.7954, -0.0197, -6.5715), bias=1.7164,
     cutoff=0.25, features=HIDDEN_FEATURES,
 )
