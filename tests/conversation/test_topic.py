@@ -290,14 +290,22 @@ def test_the_fitted_cutoff_has_the_smallest_worst_regret(monkeypatch: pytest.Mon
     assert model.cutoff == 0.25 and tune_f1 == pytest.approx(0.515)
 
 
-def test_bench_cli_scores_the_named_sets_and_refuses_an_unknown_one() -> None:
+def test_bench_cli_scores_the_named_sets_and_refuses_an_unknown_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``bench topics --set NAME``: that set (and natural, the report's ``f1``) only; an
     unknown name is a one-line usage error before any work."""
     import typer
     from typer.testing import CliRunner
 
     sys.path.insert(0, str(BENCH))
+    from suffixmem_bench import topics
     from suffixmem_bench.topics import register
+
+    # fitting on every tuning session is test_bench_json_shape's; the CLI's plumbing is the same
+    short = tmp_path / "natural_tune.jsonl"
+    short.write_text("".join(topics.NATURAL_TUNE.read_text(encoding="utf-8")
+                             .splitlines(True)[:12]), encoding="utf-8")
+    monkeypatch.setattr(topics, "NATURAL_TUNE", short)
 
     bench = typer.Typer()
     register(bench)
