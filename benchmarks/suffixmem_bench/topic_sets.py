@@ -148,7 +148,10 @@ def load_natural(path: Path = NATURAL) -> list[Session]:
     return [[(t["user"], t["assistant"], bool(t["jump"])) for t in r["turns"]] for r in rows]
 
 
-SCORED_SETS = (NATURAL, NATURAL_FRESH, NATURAL_BLIND, NATURAL_BLIND2, NATURAL_BLIND3)
+# the scored conversation sets (module docstring), by report name
+CONVERSATION_SETS = {"natural": NATURAL, "natural-fresh": NATURAL_FRESH,
+                     "natural-blind": NATURAL_BLIND, "natural-blind2": NATURAL_BLIND2,
+                     "natural-blind3": NATURAL_BLIND3}
 # character 4-6-grams (phrases, not the function words every session of a language shares),
 # with the IDF of the scored sets alone: the tuning sessions kept reach 0.47 (a Vietnamese one,
 # against natural-blind3's), the first 18 0.32; the 18 dropped reached 0.21-0.57 (they were

@@ -8,16 +8,17 @@ never tuned on.
 Tuning data (never scored): the English chatterbot tuning sessions and
 ``data/natural_tune.jsonl``, separate sessions written in the natural set's style. On them: the
 detector's signal model (``topic_signals``: six weights fitted with the true history, then the
-cutoff with the best worst-set F1 running on its own verdicts) and the baseline rule's
-threshold (``topic_scoring.RuleDetector``: char 2-4-gram TF-IDF fitted on the session, cosine
-with the last three turns; its best mean F1). Reported per data set: F1, precision, recall, the
-rule's F1, turns and jumps scored, ``all_jumps_f1`` (the F1 of calling every turn a jump: a set
-near it carries little topic signal), ``similarity_auc`` (the rule's similarity as a jump
-score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the set's jumps);
-``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped default detector
-on a 50-turn session in a fresh interpreter (what serving adds; this process also holds the
-corpus and the bench's own torch probe). ``--context-gain`` or ``--hidden-similarity`` adds the
-detector with that signal of the served model beside the default one (``topic_gain``).
+cutoff with the smallest worst regret running on its own verdicts, ``fit_model``) and the
+baseline rule's threshold (``topic_scoring.RuleDetector``: char 2-4-gram TF-IDF fitted on the
+session, cosine with the last three turns; its best mean F1). Reported per data set: F1,
+precision, recall, the rule's F1, turns and jumps scored, ``all_jumps_f1`` (the F1 of calling
+every turn a jump: a set near it carries little topic signal), ``similarity_auc`` (the rule's
+similarity as a jump score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the
+set's jumps); ``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped
+default detector on a 50-turn session in a fresh interpreter (what serving adds; this process
+also holds the corpus and the bench's own torch probe). ``--context-gain`` or
+``--hidden-similarity`` adds the detector with that signal of the served model beside the
+default one (``topic_gain``).
 """
 
 from __future__ import annotations
@@ -50,11 +51,7 @@ from suffixmem_bench.topic_scoring import (
     rule_scores,
 )
 from suffixmem_bench.topic_sets import (
-    NATURAL,
-    NATURAL_BLIND,
-    NATURAL_BLIND2,
-    NATURAL_BLIND3,
-    NATURAL_FRESH,
+    CONVERSATION_SETS,
     NATURAL_TUNE,
     Session,
     build_sessions,
@@ -166,12 +163,6 @@ def footprint(turns: int = 50) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-# the scored conversation sets (module docstring), by report name
-CONVERSATION_SETS = {"natural": NATURAL, "natural-fresh": NATURAL_FRESH,
-                     "natural-blind": NATURAL_BLIND, "natural-blind2": NATURAL_BLIND2,
-                     "natural-blind3": NATURAL_BLIND3}
 
 
 def check_conversation_sets(names: Iterable[str]) -> None:

@@ -50,7 +50,11 @@ def engine_class(name: str) -> type[BaseEngine]:
         from suffixmem.engine.remote import RemoteEngine
 
         return RemoteEngine
-    raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
+    raise _unknown(name)
+
+
+def _unknown(name: str) -> ConfigError:
+    return ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
 
 
 REMOTE_OPTIONS = ("urls", "upstream", "database_url", "sticky", "health_interval_s",
@@ -81,7 +85,7 @@ def check_engine(name: str, options: Mapping[str, Any] | None = None, *,
     without building anything (an adapter's constructor: a typo costs nothing, not an engine
     start-up); returns the ``EngineConfig`` the engine would start with."""
     if name not in ENGINES:
-        raise ConfigError(f"unknown engine {name!r}; expected one of {list(ENGINES)}")
+        raise _unknown(name)
     options = dict(options or {})
     if model is not None:
         if "model" in options:

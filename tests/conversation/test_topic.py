@@ -188,7 +188,7 @@ def test_bench_json_shape() -> None:
 
     tune = load_natural(NATURAL_TUNE)
     assert r["tuning"]["natural_tune_sessions"] == len(tune) >= 10 and not r["tuning"]["scored"]
-    from suffixmem_bench.topics import (
+    from suffixmem_bench.topic_sets import (
         NATURAL_BLIND,
         NATURAL_BLIND2,
         NATURAL_BLIND3,
@@ -209,9 +209,14 @@ def test_tuning_sessions_copy_no_scored_session() -> None:
     a shared user message, or user text too alike), and the check does catch a copy: a scored
     session with every message reworded, or one of its messages pasted into a new session."""
     sys.path.insert(0, str(BENCH))
-    from suffixmem_bench.topic_sets import NATURAL_TUNE, SCORED_SETS, load_natural, near_copies
+    from suffixmem_bench.topic_sets import (
+        CONVERSATION_SETS,
+        NATURAL_TUNE,
+        load_natural,
+        near_copies,
+    )
 
-    scored = [s for path in SCORED_SETS for s in load_natural(path)]
+    scored = [s for path in CONVERSATION_SETS.values() for s in load_natural(path)]
     tune = load_natural(NATURAL_TUNE)
     assert len(tune) >= 60 and near_copies(tune, scored) == []
     donor = max(scored, key=len)
@@ -220,6 +225,14 @@ def test_tuning_sessions_copy_no_scored_session() -> None:
     pasted = [("How do I descale a kettle?", "Vinegar and water.", False),
               (long_q.upper(), "...", True)]
     assert near_copies([*tune[:3], reworded, pasted], scored) == [3, 4]
+
+
+def _first_sessions(path: Path, keep: int, folder: Path) -> Path:
+    """A copy of the JSONL session set ``path`` in ``folder`` with its first ``keep`` sessions."""
+    short = folder / path.name
+    short.write_text("".join(path.read_text(encoding="utf-8").splitlines(True)[:keep]),
+                     encoding="utf-8")
+    return short
 
 
 @pytest.mark.slow
@@ -238,9 +251,7 @@ def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
     # gain): the plumbing is the same on the first sessions of the natural and tuning sets
     for name, path, keep in (("natural", topics.CONVERSATION_SETS["natural"], 6),
                              ("tune", topics.NATURAL_TUNE, 4)):
-        short = tmp_path / path.name
-        short.write_text("".join(path.read_text(encoding="utf-8").splitlines(True)[:keep]),
-                         encoding="utf-8")
+        short = _first_sessions(path, keep, tmp_path)
         if name == "tune":
             monkeypatch.setattr(topics, "NATURAL_TUNE", short)
         else:
@@ -302,10 +313,7 @@ def test_bench_cli_scores_the_named_sets_and_refuses_an_unknown_one(
     from suffixmem_bench.topics import register
 
     # fitting on every tuning session is test_bench_json_shape's; the CLI's plumbing is the same
-    short = tmp_path / "natural_tune.jsonl"
-    short.write_text("".join(topics.NATURAL_TUNE.read_text(encoding="utf-8")
-                             .splitlines(True)[:12]), encoding="utf-8")
-    monkeypatch.setattr(topics, "NATURAL_TUNE", short)
+    monkeypatch.setattr(topics, "NATURAL_TUNE", _first_sessions(topics.NATURAL_TUNE, 12, tmp_path))
 
     bench = typer.Typer()
     register(bench)
