@@ -17,10 +17,20 @@ _NON_WORD = re.compile(f"[^\\w{_MARKS}]+", re.UNICODE)
 _LETTERS = re.compile(f"[^\\W\\d_]|[{_MARKS}]", re.UNICODE)
 
 
+# kana write syllables (a mora is about two letters of an alphabet); a kanji or hanzi carries
+# about a word, a hangul block a syllable of two or three letters. Counting kana as 3, like the
+# others, made Japanese messages read half again as long as the same request in other languages
+# (the natural tuning sessions: 24 letters per message in alphabetic languages, 7.5 hanzi in
+# Chinese, 9.3 kana and 2.8 kanji in Japanese), and length is the signal model's strongest
+# feature: Japanese follow-ups read as jumps.
+_KANA = re.compile(r"[\u3040-\u30ff]")
+
+
 def content_chars(text: str) -> int:
     """Letters in ``text`` (combining marks included: "नमस्ते" has 6, as "hello" has 5), with
-    CJK characters counting as 3 (one carries about a word)."""
-    return len(_LETTERS.findall(text)) + 2 * len(CJK_CHAR.findall(text))
+    kanji, hanzi and hangul counting as 3 and kana as 2 ("天气" has 6, "ですか" 6)."""
+    return (len(_LETTERS.findall(text)) + 2 * len(CJK_CHAR.findall(text))
+            - len(_KANA.findall(text)))
 
 
 def is_cjk(text: str) -> bool:

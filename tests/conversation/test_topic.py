@@ -129,6 +129,10 @@ def test_min_content_is_never_a_jump() -> None:
     v = d.observe_user(state, "ok?")
     assert not v.jump and v.reason == "too little content"
     assert content_chars("天气") == 6  # a CJK character carries about a word
+    # a kana writes a syllable: a short Japanese question about as long as the English
+    assert content_chars("ですか") == 6
+    assert content_chars("明日は雨が降りますか") == 24
+    assert content_chars("will it rain tomorrow") == 18
     with pytest.raises(ConfigError):
         TopicConfig(threshold=1.5)
 
