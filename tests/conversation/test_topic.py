@@ -252,9 +252,11 @@ def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
     from suffixmem_bench.topics import run_topics
 
     # the served model's forwards are what this test pays for (two per turn for the context
-    # gain): the plumbing is the same on the first sessions of the natural and tuning sets
-    for name, path, keep in (("natural", topics.CONVERSATION_SETS["natural"], 6),
-                             ("tune", topics.NATURAL_TUNE, 4)):
+    # gain, so fewer sessions): the plumbing is the same on the first sessions of the natural
+    # and tuning sets
+    natural, tune = (4, 3) if signal == "context_gain" else (6, 4)
+    for name, path, keep in (("natural", topics.CONVERSATION_SETS["natural"], natural),
+                             ("tune", topics.NATURAL_TUNE, tune)):
         short = _first_sessions(path, keep, tmp_path)
         if name == "tune":
             monkeypatch.setattr(topics, "NATURAL_TUNE", short)
