@@ -390,6 +390,29 @@ def test_words_keep_their_combining_marks() -> None:
     assert content_chars("சென்னை") == 6 and content_chars("12 ok!") == 2
 
 
+def test_text_without_spaces_between_words_has_no_word_vector() -> None:
+    """Thai (like Chinese and Japanese) puts spaces between phrases, not words: its "words" are
+    whole clauses, so it is compared on characters alone, not on a word cosine of ~0 that would
+    halve the similarity of a message that plainly repeats its topic."""
+    from suffixmem.conversation.topic import word_tokens
+
+    thai = "ร้านอาหารไทยใกล้บ้าน แนะนำหน่อย"
+    assert word_tokens(thai) == [] and word_tokens("你好 世界") == []
+    assert word_tokens("ខ្ញុំស្រលាញ់អ្នក ណាស់") == []  # Khmer
+    assert word_tokens("मुझे खाना पसंद है") == ["मुझे", "खाना", "पसंद", "है"]  # Hindi has spaces
+    topic = ("ร้านอาหารไทยใกล้บ้านร้านไหนอร่อย", "ร้านอาหารไทยใกล้บ้านมีหลายร้านที่อร่อย")
+    follow_up = "ร้านอาหารไทยใกล้บ้านร้านไหนถูก"
+    chars_only = TopicDetector(TopicConfig(char_weight=1.0))
+    default = TopicDetector()
+    sims = []
+    for d in (chars_only, default):
+        state = TopicState()
+        d.add_turn(state, *topic, False)
+        sims.append(d.similarity(state, follow_up))
+    assert sims[0] is not None and sims[0] > 0.3
+    assert sims[1] == pytest.approx(sims[0])
+
+
 def _dense(row):
     import numpy as np
 
