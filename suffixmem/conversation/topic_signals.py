@@ -124,7 +124,7 @@ DEFAULT_MODEL = SignalModel(
 
 # fitted with `bench topics --context-gain` (seed 0, the same tuning sessions as DEFAULT_MODEL;
 # results/topics/context-gain-intel-86327fe.json, bf16 forwards on an Intel Xeon host; kana
-# count as two letters; its F1s are deterministic, its timings noisy): with the gain, the
+# count as two letters; refitted to the digit at bc3527a, a quiet run): with the gain, the
 # similarity's own weight shrinks and its drop below the topic's earlier similarities and the
 # follow-up cue carry the TF-IDF side. Cutoff 0.35, the smallest worst regret over the tuning
 # sets (0.30 before the kana change).
@@ -135,9 +135,10 @@ GAIN_MODEL = SignalModel(
 
 # fitted with `bench topics --hidden-similarity` (seed 0, the same tuning sessions as
 # DEFAULT_MODEL; layer 12, the first 24 tokens of each message;
-# results/topics/hidden-intel-86327fe.json, bf16 forwards on an Intel Xeon host; kana count as
-# two letters): the hidden cosine with the last user message weighs against a jump, beside the
-# TF-IDF signals. Cutoff 0.25, the smallest worst regret over the tuning sets.
+# results/topics/hidden-intel-86327fe.json, and to the digit at bc3527a, bf16 forwards on an
+# Intel Xeon host; kana count as two letters): the hidden cosine with the last user message
+# weighs against a jump, beside the TF-IDF signals. Cutoff 0.25, the smallest worst regret over
+# the tuning sets.
 HIDDEN_MODEL = SignalModel(
     weights=(-2.5412, 2.9177, 0.3916, 4.2855, -1.7942, -0.0222, -6.5176), bias=1.5947,
     cutoff=0.25, features=HIDDEN_FEATURES,
