@@ -133,12 +133,13 @@ ACKNOWLEDGEMENTS: tuple[str, ...] = (
     "duidelijk", "ясно", "хорошо", "ладно", "tamam",
     "好的", "了解", "なるほど", "了解です", "了解しました", "그렇구나",
 )
-# letters (CJK characters count 3) around the thanks: "Ok. Now tell me about Rome" says more
+# letters (`content_chars`: kanji and hangul count 3, kana 2) around the thanks: "Ok. Now tell
+# me about Rome" says more
 ACKNOWLEDGEMENT_MAX_REST = 16
 # of which at most this many before it: an interjection ("wow, thanks", "понял, спасибо",
 # "오 감사합니다"), not a request that happens to end in "great"
 ACKNOWLEDGEMENT_MAX_LEAD = 8
-# pronouns count only in messages this short (letters; CJK characters count 3)
+# pronouns count only in messages this short (`content_chars`)
 ANAPHORA_MAX_CONTENT = 25
 # a Chinese "X呢?" ("and X?"), Japanese "Xは?" or Korean "X은/는?" is a follow-up by its form
 _FOLLOW_UP_ENDINGS = re.compile(r"(呢|は|은|는)\s*[?？]?\s*$")

@@ -11,7 +11,8 @@ The features (computed by ``TopicDetector.signals``, in this order, see ``FEATUR
 - ``novelty``: the share of the message's character TF-IDF mass (its vector is l2-normed, so
   the squared weights sum to 1) on n-grams the session never used. A new subject brings new
   words; a follow-up reuses the session's words or mostly function words.
-- ``length``: ``log1p(letters) / 5`` (CJK characters count 3): a few words rarely open a topic.
+- ``length``: ``log1p(letters) / 5`` (``content_chars``: kanji, hanzi and hangul count 3, kana
+  2): a few words rarely open a topic.
 - ``follow_up``: 1 when the message opens with a continuation cue or, short, refers back with
   a pronoun (``topic_cues.continues_topic``).
 - ``question``: 1 when it asks something (a question mark or a CJK question particle).
