@@ -84,20 +84,37 @@ def rule_scores(rule: RuleDetector, sessions: Sequence[Session]) -> dict[str, fl
     any threshold, ours or the rule's, could find)."""
     from sklearn.metrics import roc_auc_score
 
-    truth: list[bool] = []
-    verdicts: list[TopicVerdict] = []
-    for session in sessions:
-        for jump, verdict in _verdicts_on_true_history(rule, session):
-            truth.append(jump)
-            verdicts.append(verdict)
-    scores = jump_scores(truth, [v.jump for v in verdicts])
-    sims = [v.similarity or 0.0 for v in verdicts]
+    truth, sims = rule_similarities(sessions, rule.window)
+    scores = jump_scores(truth, [x < rule.threshold for x in sims])
     both = len(set(truth)) == 2
     scores["similarity_auc"] = float(roc_auc_score(truth, [-x for x in sims])) if both else 0.5
     return scores
 
 
+def rule_similarities(sessions: Sequence[Session], window: int = 3
+                      ) -> tuple[list[bool], list[float]]:
+    """(true labels, the rule's similarities) of every turn but each session's first, on the
+    true history: what ``RuleDetector(t, window)`` decides at any threshold ``t`` (a jump is a
+    similarity below it), computed once."""
+    rule = RuleDetector(0.0, window)
+    truth: list[bool] = []
+    sims: list[float] = []
+    for session in sessions:
+        for jump, verdict in _verdicts_on_true_history(rule, session):
+            truth.append(jump)
+            sims.append(verdict.similarity or 0.0)
+    return truth, sims
+
+
 def best_rule(sets: Sequence[Sequence[Session]]) -> tuple[float, float]:
-    """(threshold, mean F1) of the baseline rule's best threshold over ``sets``."""
-    return max(((t, statistics.fmean(evaluate(RuleDetector(t), s)["f1"] for s in sets))
-                for t in THRESHOLDS), key=lambda x: (x[1], -x[0]))
+    """(threshold, mean F1) of the baseline rule's best threshold over ``sets``. The rule's
+    similarities do not depend on its threshold, so each set's are computed once and every
+    threshold in ``THRESHOLDS`` is scored on them (the same verdicts as ``evaluate`` with
+    ``RuleDetector(t)``, 25 times less TF-IDF work)."""
+    scored = [rule_similarities(s) for s in sets]
+
+    def mean_f1(t: float) -> float:
+        return statistics.fmean(jump_scores(truth, [x < t for x in sims])["f1"]
+                                for truth, sims in scored)
+
+    return max(((t, mean_f1(t)) for t in THRESHOLDS), key=lambda x: (x[1], -x[0]))
