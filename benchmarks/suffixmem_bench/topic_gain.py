@@ -6,7 +6,8 @@ The signal's model (``GAIN_FEATURES`` or ``HIDDEN_FEATURES``: the six signals pl
 fitted exactly as the default one, on the same tuning sessions (English chatterbot tuning
 topics, natural_tune); the scored sets are never seen. Each data set's entry gains
 ``"context_gain"`` (or ``"hidden_sim"``) ``: {"f1", "precision", "recall", "auc",
-"default_auc"}`` (``auc``: the fitted probability as a jump score over the turns it decides);
+"default_auc", "signal_auc"}`` (``auc``: the fitted probability as a jump score over the turns
+it decides; ``signal_auc``: the served model's signal alone, against the true previous turn);
 the report's top level the same key with ``{"model", "tune_f1", "ms_p50", "ms_p99", "calls",
 "ms_per_turn_p99", "f1_min"}``, where ``ms_p50``/``ms_p99`` are the signal's own per
 computation in the bench (the gain: two forwards of the served model; the hidden similarity:
@@ -16,6 +17,7 @@ verdict's per turn as the default detector's is measured.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
@@ -59,6 +61,15 @@ class MemoGain:
             self.ms.append((time.perf_counter() - t0) * 1000)
         return hit
 
+    def untimed(self, last_turn: tuple[str, str], message: str) -> float:
+        """The signal as ``__call__`` gives it, remembered but not timed (a measurement
+        outside the detector's path must not move the detector's timings)."""
+        key = (last_turn, message)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = self.gain(last_turn, message)
+        return hit
+
     def timing(self) -> dict[str, float]:
         ms = sorted(self.ms)
         if not ms:
@@ -87,10 +98,26 @@ def probability_auc(detector: TopicDetector, sessions: Sequence[Sequence[tuple[s
     return float(roc_auc_score(ys, ps)) if len(set(ys)) == 2 else float("nan")
 
 
+def signal_auc(gain: MemoGain, sessions: Sequence[Sequence[tuple[str, str, bool]]]) -> float:
+    """ROC AUC of the signal alone as a jump score: minus its value for each turn but a
+    session's first against the true previous turn (a lower gain or hidden cosine should
+    mean a jump); 0.5 is no signal. NaN when the turns hold one class only."""
+    from sklearn.metrics import roc_auc_score
+
+    ys: list[bool] = []
+    xs: list[float] = []
+    for session in sessions:
+        for (q0, a0, _), (q, _a, jump) in itertools.pairwise(session):
+            ys.append(jump)
+            xs.append(-gain.untimed((q0, a0), q))
+    return float(roc_auc_score(ys, xs)) if len(set(ys)) == 2 else float("nan")
+
+
 def scores(detector: TopicDetector, gain_model: Any, gain: MemoGain,
            sessions: Sequence[Sequence[tuple[str, str, bool]]]) -> dict[str, float]:
     """One data set's ``context_gain`` entry: the gain detector (``detector``'s featurizer,
-    ``gain_model``) on its own verdicts, and both detectors' probability AUCs."""
+    ``gain_model``) on its own verdicts, both detectors' probability AUCs, and the signal's
+    own AUC (``signal_auc``)."""
     from suffixmem_bench.topic_scoring import evaluate
 
     with_gain = TopicDetector(None, detector.featurizer, gain_model, gain)
@@ -98,7 +125,8 @@ def scores(detector: TopicDetector, gain_model: Any, gain: MemoGain,
     return {"f1": round(g["f1"], 4), "precision": round(g["precision"], 4),
             "recall": round(g["recall"], 4),
             "auc": round(probability_auc(with_gain, sessions), 4),
-            "default_auc": round(probability_auc(detector, sessions), 4)}
+            "default_auc": round(probability_auc(detector, sessions), 4),
+            "signal_auc": round(signal_auc(gain, sessions), 4)}
 
 
 def summary(model: Any, tune_f1: float, gain: MemoGain,

@@ -271,8 +271,9 @@ def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
     assert set(g["model"]) == {*EXTRA_FEATURES[signal], "bias", "cutoff"}
     assert g["calls"] > 50 and 0 < g["ms_p50"] <= g["ms_p99"] and g["ms_per_turn_p99"] > 0
     for d in r["datasets"].values():
-        assert set(d[signal]) == {"f1", "precision", "recall", "auc", "default_auc"}
-        assert 0 <= d[signal]["f1"] <= 1
+        assert set(d[signal]) == {"f1", "precision", "recall", "auc", "default_auc",
+                                  "signal_auc"}
+        assert 0 <= d[signal]["f1"] <= 1 and 0 <= d[signal]["signal_auc"] <= 1
     assert g["f1_min"] == min(d[signal]["f1"] for d in r["datasets"].values())
     # the default detector's figures do not depend on the flag
     assert r["datasets"]["natural"]["f1"] == run_topics(3, 0, ["english"],
@@ -281,6 +282,32 @@ def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
         run_topics(3, 0, ["english"], conversation_sets=["natural-typo"])
     with pytest.raises(ValueError, match="one served-model signal"):
         run_topics(3, 0, ["english"], context_gain=True, hidden_similarity=True)
+
+
+def test_signal_auc_ranks_the_signal_alone_and_leaves_the_timings_alone() -> None:
+    """``topic_gain.signal_auc``: the served model's signal on its own as a jump score (low
+    means jump), against the true previous turn; computing it neither times nor counts a
+    call, so the detector's own timings stay what serving pays."""
+    sys.path.insert(0, str(BENCH))
+    from suffixmem_bench.topic_gain import MemoGain, signal_auc
+
+    sessions = [[("a", "x", False), ("b", "y", True), ("c", "z", False), ("d", "w", True)],
+                [("e", "x", False), ("f", "y", False), ("g", "z", True)]]
+    jumps = {q for s in sessions for q, _, j in s if j}
+    seen: list[str] = []
+
+    def continuation_score(_last: tuple[str, str], message: str) -> float:
+        seen.append(message)
+        return 0.0 if message in jumps else 1.0
+
+    gain = MemoGain(continuation_score)
+    assert signal_auc(gain, sessions) == 1.0
+    assert gain.timing()["calls"] == 0 and sorted(seen) == ["b", "c", "d", "f", "g"]
+    assert signal_auc(gain, sessions) == 1.0 and len(seen) == 5  # remembered
+    gain(("a", "x"), "b")  # the detector's path: timed
+    assert gain.timing()["calls"] == 0  # a remembered value costs nothing
+    backwards = MemoGain(lambda last, message: 1.0 - continuation_score(last, message))
+    assert signal_auc(backwards, sessions) == 0.0
 
 
 def test_the_fitted_cutoff_has_the_smallest_worst_regret(monkeypatch: pytest.MonkeyPatch
