@@ -29,8 +29,9 @@ knows no list of topics and learns nothing at run time beyond the session's own 
    (``default_detector(gain=HiddenSimilarity(...))``, ``suffixmem.hidden_similarity``: the
    middle-layer cosine with the last user message, one forward of 12 layers; ``HIDDEN_MODEL``)
    or its context gain (``gain=ContextGain(...)``, ``suffixmem.context_gain``: how much the last
-   turn makes the message more likely, two forwards of the model; ``GAIN_MODEL``). Both see what
-   TF-IDF cannot (an elliptical follow-up shares no n-gram with its topic).
+   turn makes the message more likely, two forwards of the model; ``GAIN_MODEL``). The gain
+   alone ranks the conversation sets' jumps at ROC AUC ~0.9 (an elliptical follow-up shares no
+   n-gram with its topic); the hidden cosine alone is at chance there, a help only beside the rest.
 
 Stable API: ``default_detector()`` returns a ``TopicDetector``; ``detect(turns, message)`` gives
 a ``TopicVerdict`` with ``.jump``. The incremental form the manager uses:
