@@ -69,6 +69,7 @@ from suffixmem.conversation.validation import (
     check_session_id,
     check_text,
 )
+from suffixmem.engine.async_stream import aiter_events
 from suffixmem.engine.protocol import (
     Engine,
     Message,
@@ -76,7 +77,6 @@ from suffixmem.engine.protocol import (
     Result,
     SamplingParams,
     TokenEvent,
-    aiter_events,
 )
 from suffixmem.errors import InvalidRequestError, UnknownSessionError
 from suffixmem.retention import PinnedLRU, RetentionPolicy

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from suffixmem.chat_template import ChatTemplate
+from suffixmem.engine.async_stream import aiter_events
 from suffixmem.engine.driver import Driver, one_line
 from suffixmem.engine.protocol import (
     EngineStats,
@@ -35,7 +36,6 @@ from suffixmem.engine.protocol import (
     Request,
     Result,
     TokenEvent,
-    aiter_events,
     final_result,
 )
 from suffixmem.errors import (

@@ -17,12 +17,12 @@ Contract:
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
+from suffixmem.engine.async_stream import aiter_events  # noqa: F401  (its home before)
 from suffixmem.engine.checks import (
     MAX_SEED,
     check_session_key,
@@ -31,8 +31,6 @@ from suffixmem.engine.checks import (
     real_number,
 )
 from suffixmem.errors import InvalidRequestError
-
-_T = TypeVar("_T")
 
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 FinishReason = Literal["stop", "length", "abort"]
@@ -391,24 +389,3 @@ def final_result(events: Iterator[TokenEvent | Result]) -> Result:
         if isinstance(event, Result):
             return event
     raise RuntimeError("engine stream ended without a Result")
-
-
-async def aiter_events(events: Iterator[_T]) -> AsyncIterator[_T]:
-    """Iterate a blocking event generator (an engine's stream, a manager's turn) from asyncio
-    without blocking the loop.
-
-    Each ``next`` runs in a worker thread; if the consumer stops early the generator is closed
-    (in a thread too), which aborts the request.
-    """
-    done = object()
-    finished = False
-    try:
-        while True:
-            event = await asyncio.to_thread(next, events, done)
-            if event is done:
-                finished = True
-                return
-            yield event  # type: ignore[misc]
-    finally:
-        if not finished:
-            await asyncio.to_thread(events.close)  # type: ignore[attr-defined]

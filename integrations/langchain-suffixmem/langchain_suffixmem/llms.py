@@ -21,7 +21,8 @@ from langchain_suffixmem._base import (
     with_deadline,
 )
 from suffixmem.conversation.manager import TurnResult
-from suffixmem.engine.protocol import Message, Result, TokenEvent, aiter_events
+from suffixmem.engine.async_stream import aiter_events
+from suffixmem.engine.protocol import Message, Result, TokenEvent
 
 
 def text_session_key(prompt: str) -> str:

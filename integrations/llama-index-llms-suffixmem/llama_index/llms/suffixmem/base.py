@@ -45,7 +45,8 @@ from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
 from suffixmem.engine import check_engine
-from suffixmem.engine.protocol import Message, Result, SamplingParams, aiter_events
+from suffixmem.engine.async_stream import aiter_events
+from suffixmem.engine.protocol import Message, Result, SamplingParams
 from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import ToolSpec, reply_schema
 
