@@ -1,6 +1,8 @@
 """Scoring topic-jump detectors: precision, recall and F1 against labelled sessions, and the
-baseline every data set is compared with (``RuleDetector``, the plain rule with its threshold
-tuned on the same tuning data as the detector). Used by ``suffixmem bench topics``."""
+baselines every data set is compared with, each tuned on the same tuning data as the detector:
+``RuleDetector``, the plain TF-IDF rule (``best_rule``), and the length rule (``best_length``:
+a message of at least so many letters is a jump, nothing else read). Used by ``suffixmem bench
+topics``."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from suffixmem.conversation.topic import TopicDetector, TopicState, TopicVerdict
+from suffixmem.conversation.topic_text import content_chars
 from suffixmem_bench.topic_sets import Pair, Session
 
 THRESHOLDS = [round(0.02 * i, 2) for i in range(1, 26)]
+LENGTHS = list(range(2, 121))  # letters (``content_chars``) the length rule tries
 
 
 class RuleDetector:
@@ -118,3 +122,34 @@ def best_rule(sets: Sequence[Sequence[Session]]) -> tuple[float, float]:
                                 for truth, sims in scored)
 
     return max(((t, mean_f1(t)) for t in THRESHOLDS), key=lambda x: (x[1], -x[0]))
+
+
+def message_lengths(sessions: Sequence[Session]) -> tuple[list[bool], list[int]]:
+    """(true labels, ``content_chars`` of the message) of every turn but each session's first."""
+    truth: list[bool] = []
+    lengths: list[int] = []
+    for session in sessions:
+        for q, _a, jump in session[1:]:
+            truth.append(jump)
+            lengths.append(content_chars(q))
+    return truth, lengths
+
+
+def length_scores(threshold: int, sessions: Sequence[Session]) -> dict[str, float]:
+    """Precision, recall and F1 of the length rule: a message of ``threshold`` letters or more
+    is a jump. It reads nothing but the message's length, so a detector that does not beat it
+    on a set adds nothing there that length alone would not."""
+    truth, lengths = message_lengths(sessions)
+    return jump_scores(truth, [n >= threshold for n in lengths])
+
+
+def best_length(sets: Sequence[Sequence[Session]]) -> tuple[int, float]:
+    """(threshold, mean F1) of the length rule's best threshold in ``LENGTHS`` over ``sets``
+    (ties: the shorter threshold)."""
+    scored = [message_lengths(s) for s in sets]
+
+    def mean_f1(t: int) -> float:
+        return statistics.fmean(jump_scores(truth, [n >= t for n in lengths])["f1"]
+                                for truth, lengths in scored)
+
+    return max(((t, mean_f1(t)) for t in LENGTHS), key=lambda x: (x[1], -x[0]))

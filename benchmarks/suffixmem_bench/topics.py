@@ -10,8 +10,10 @@ Tuning data (never scored): the English chatterbot tuning sessions and
 detector's signal model (``topic_signals``: six weights fitted with the true history, then the
 cutoff with the smallest worst regret running on its own verdicts, ``fit_model``) and the
 baseline rule's threshold (``topic_scoring.RuleDetector``: char 2-4-gram TF-IDF fitted on the
-session, cosine with the last three turns; its best mean F1). Reported per data set: F1,
-precision, recall, the rule's F1, turns and jumps scored, ``all_jumps_f1`` (the F1 of calling
+session, cosine with the last three turns; its best mean F1), and the length rule's
+(``topic_scoring.best_length``: a message of at least that many letters is a jump; its best
+mean F1). Reported per data set: F1, precision, recall, the rule's F1, ``length_f1`` (the
+length rule's: what length alone finds), turns and jumps scored, ``all_jumps_f1`` (the F1 of calling
 every turn a jump: a set near it carries little topic signal), ``similarity_auc`` (the rule's
 similarity as a jump score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the
 set's jumps); ``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped
@@ -45,8 +47,10 @@ from suffixmem.conversation.topic_signals import EXTRA_FEATURES, SignalModel
 from suffixmem_bench.measure import peak_rss_mb
 from suffixmem_bench.topic_scoring import (
     RuleDetector,
+    best_length,
     best_rule,
     evaluate,
+    length_scores,
     predictions,
     rule_scores,
 )
@@ -205,6 +209,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
     model, tune_f1 = fit_model([(chat_feat, tune_sessions), (shipped, natural_tune)])
     rule_thr, rule_tune_f1 = best_rule([tune_sessions, natural_tune])
     rule = RuleDetector(rule_thr)
+    length_thr, length_tune_f1 = best_length([tune_sessions, natural_tune])
     gain = gain_model = None
     gain_tune_f1 = 0.0
     if signal is not None:
@@ -230,6 +235,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
             "f1": round(ours["f1"], 4), "precision": round(ours["precision"], 4),
             "recall": round(ours["recall"], 4),
             "baseline_f1": round(base["f1"], 4),
+            "length_f1": round(length_scores(length_thr, sessions)["f1"], 4),
             "similarity_auc": round(base["similarity_auc"], 4),
             "turns": sum(len(s) - 1 for s in sessions), "jumps": int(ours["tp"] + ours["fn"]),
         }
@@ -266,6 +272,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
         "margin_min": round(min(d["f1"] - d["baseline_f1"] for d in datasets.values()), 4),
         "model": model.describe(), "tune_f1": round(tune_f1, 4),
         "baseline_threshold": rule_thr, "baseline_tune_f1": round(rule_tune_f1, 4),
+        "length_threshold": length_thr, "length_tune_f1": round(length_tune_f1, 4),
         "tuning": {"chatterbot": "english, tune_topics", "natural_tune": NATURAL_TUNE.name,
                    "natural_tune_sessions": len(natural_tune), "scored": False},
         "session_construction": "contiguous" if contiguous else "shuffled",

@@ -177,13 +177,17 @@ def test_bench_json_shape() -> None:
                                   "natural-fresh", "natural-blind", "natural-blind2",
                                   "natural-blind3"}
     for d in r["datasets"].values():
-        assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "turns", "jumps"}
-        assert 0 <= d["f1"] <= 1 and d["turns"] > 0
+        assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "length_f1", "turns",
+                          "jumps"}
+        assert 0 <= d["f1"] <= 1 and 0 <= d["length_f1"] <= 1 and d["turns"] > 0
         # every scored turn called a jump: precision = jumps / turns, recall 1
         rate = d["jumps"] / d["turns"]
         assert d["all_jumps_f1"] == pytest.approx(2 * rate / (rate + 1), abs=1e-4)
         assert 0.0 <= d["similarity_auc"] <= 1.0
     assert r["f1"] == r["datasets"]["natural"]["f1"]
+    from suffixmem_bench.topic_scoring import LENGTHS
+
+    assert r["length_threshold"] in LENGTHS and 0 < r["length_tune_f1"] <= 1
     assert r["f1_min"] == min(d["f1"] for d in r["datasets"].values())
     assert r["ms_per_turn_p99"] > 0 and r["peak_mb"] > 0
     assert not set(r["tune_topics"]) & set(r["test_topics"])
@@ -282,6 +286,32 @@ def test_bench_with_a_served_model_signal(signal: str, tmp_path: Path,
         run_topics(3, 0, ["english"], conversation_sets=["natural-typo"])
     with pytest.raises(ValueError, match="one served-model signal"):
         run_topics(3, 0, ["english"], context_gain=True, hidden_similarity=True)
+
+
+def test_the_length_rule_is_tuned_like_the_others_and_reads_only_length() -> None:
+    """``best_length``: the threshold in letters with the best mean F1 over the tuning sets
+    (ties: the shorter one); ``length_scores`` calls a message of that many letters or more a
+    jump, whatever it says."""
+    sys.path.insert(0, str(BENCH))
+    from suffixmem_bench.topic_scoring import best_length, length_scores
+
+    # scored turns (each session's first is not): letters and label
+    a = [("How do I repot a large fiddle leaf fig tree?", "", False),
+         ("why?", "", False),  # 3
+         ("Best pizza dough recipe at home?", "", True),  # 26
+         ("and the oven?", "", False),  # 10
+         ("Tips to learn Japanese kana fast?", "", True)]  # 27
+    b = [("hi", "", False),
+         ("Explain how the stock market works, simply.", "", True),  # 35
+         ("And what soil mix works best for that repotting?", "", False),  # 39
+         ("Weather?", "", True)]  # 7
+    assert length_scores(11, [a])["f1"] == length_scores(26, [a])["f1"] == 1.0
+    assert length_scores(27, [a])["f1"] == pytest.approx(2 / 3)
+    # a is perfect from 11 to 26 letters, b only calls "Weather?" a jump at 7 or fewer (0.8,
+    # else 0.5); 4-7 letters gives 0.8 on both (a then flags "and the oven?"): 4, the shortest
+    t, f1 = best_length([[a], [b]])  # two tuning sets of one session each
+    assert t == 4 and f1 == pytest.approx(0.8)
+    assert length_scores(40, [a, b])["tp"] == 0
 
 
 def test_signal_auc_ranks_the_signal_alone_and_leaves_the_timings_alone() -> None:
