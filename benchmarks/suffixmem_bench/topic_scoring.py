@@ -143,6 +143,15 @@ def length_scores(threshold: int, sessions: Sequence[Session]) -> dict[str, floa
     return jump_scores(truth, [n >= threshold for n in lengths])
 
 
+def length_auc(sessions: Sequence[Session]) -> float:
+    """ROC AUC of the message's length as a jump score (longer: more likely a jump); 0.5 when
+    the turns hold one class only. How much of a set's jumps length alone can rank."""
+    from sklearn.metrics import roc_auc_score
+
+    truth, lengths = message_lengths(sessions)
+    return float(roc_auc_score(truth, lengths)) if len(set(truth)) == 2 else 0.5
+
+
 def best_length(sets: Sequence[Sequence[Session]]) -> tuple[int, float]:
     """(threshold, mean F1) of the length rule's best threshold in ``LENGTHS`` over ``sets``
     (ties: the shorter threshold)."""

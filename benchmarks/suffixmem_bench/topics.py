@@ -13,7 +13,8 @@ baseline rule's threshold (``topic_scoring.RuleDetector``: char 2-4-gram TF-IDF 
 session, cosine with the last three turns; its best mean F1), and the length rule's
 (``topic_scoring.best_length``: a message of at least that many letters is a jump; its best
 mean F1). Reported per data set: F1, precision, recall, the rule's F1, ``length_f1`` (the
-length rule's: what length alone finds), turns and jumps scored, ``all_jumps_f1`` (the F1 of calling
+length rule's: what length alone finds) and ``length_auc`` (length as a jump score, ROC AUC),
+turns and jumps scored, ``all_jumps_f1`` (the F1 of calling
 every turn a jump: a set near it carries little topic signal), ``similarity_auc`` (the rule's
 similarity as a jump score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the
 set's jumps); ``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped
@@ -50,6 +51,7 @@ from suffixmem_bench.topic_scoring import (
     best_length,
     best_rule,
     evaluate,
+    length_auc,
     length_scores,
     predictions,
     rule_scores,
@@ -236,6 +238,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
             "recall": round(ours["recall"], 4),
             "baseline_f1": round(base["f1"], 4),
             "length_f1": round(length_scores(length_thr, sessions)["f1"], 4),
+            "length_auc": round(length_auc(sessions), 4),
             "similarity_auc": round(base["similarity_auc"], 4),
             "turns": sum(len(s) - 1 for s in sessions), "jumps": int(ours["tp"] + ours["fn"]),
         }

@@ -180,6 +180,7 @@ def test_bench_json_shape() -> None:
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "length_f1", "turns",
                           "jumps"}
         assert 0 <= d["f1"] <= 1 and 0 <= d["length_f1"] <= 1 and d["turns"] > 0
+        assert 0 <= d["length_auc"] <= 1
         # every scored turn called a jump: precision = jumps / turns, recall 1
         rate = d["jumps"] / d["turns"]
         assert d["all_jumps_f1"] == pytest.approx(2 * rate / (rate + 1), abs=1e-4)
@@ -293,7 +294,7 @@ def test_the_length_rule_is_tuned_like_the_others_and_reads_only_length() -> Non
     (ties: the shorter one); ``length_scores`` calls a message of that many letters or more a
     jump, whatever it says."""
     sys.path.insert(0, str(BENCH))
-    from suffixmem_bench.topic_scoring import best_length, length_scores
+    from suffixmem_bench.topic_scoring import best_length, length_auc, length_scores
 
     # scored turns (each session's first is not): letters and label
     a = [("How do I repot a large fiddle leaf fig tree?", "", False),
@@ -312,6 +313,8 @@ def test_the_length_rule_is_tuned_like_the_others_and_reads_only_length() -> Non
     t, f1 = best_length([[a], [b]])  # two tuning sets of one session each
     assert t == 4 and f1 == pytest.approx(0.8)
     assert length_scores(40, [a, b])["tp"] == 0
+    # as a ranking: a's jumps are its two longest messages, b's are shorter than its follow-up
+    assert length_auc([a]) == 1.0 and length_auc([b]) == 0.0
 
 
 def test_signal_auc_ranks_the_signal_alone_and_leaves_the_timings_alone() -> None:
