@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from suffixmem.conversation.topic import TopicDetector, TopicState, TopicVerdict
 from suffixmem.conversation.topic_text import content_chars
@@ -48,44 +47,41 @@ def jump_scores(truth: Sequence[bool], predicted: Sequence[bool]) -> dict[str, f
     return {"precision": precision, "recall": recall, "f1": f1, "tp": tp, "fp": fp, "fn": fn}
 
 
-def predictions(detector: Any, sessions: Sequence[Session]) -> tuple[list[bool], list[bool]]:
-    """(truth, predicted) for every turn but each session's first. A ``TopicDetector`` runs
-    incrementally on its own verdicts (as in serving); others get the true history."""
+def predictions(detector: TopicDetector, sessions: Sequence[Session]
+                ) -> tuple[list[bool], list[bool]]:
+    """(truth, predicted) for every turn but each session's first, the detector running
+    incrementally on its own verdicts (as in serving). The baseline rules are scored on the
+    true history instead (``rule_similarities``, ``message_lengths``)."""
     truth: list[bool] = []
     pred: list[bool] = []
     for session in sessions:
-        if isinstance(detector, TopicDetector):
-            state = TopicState()
-            for i, (q, a, jump) in enumerate(session):
-                verdict = detector.observe_user(state, q)
-                if i:
-                    truth.append(jump)
-                    pred.append(verdict.jump)
-                detector.add_turn(state, q, a, verdict.jump)
-        else:
-            for jump, verdict in _verdicts_on_true_history(detector, session):
+        state = TopicState()
+        for i, (q, a, jump) in enumerate(session):
+            verdict = detector.observe_user(state, q)
+            if i:
                 truth.append(jump)
                 pred.append(verdict.jump)
+            detector.add_turn(state, q, a, verdict.jump)
     return truth, pred
 
 
-def _verdicts_on_true_history(detector: Any, session: Session
+def _verdicts_on_true_history(rule: RuleDetector, session: Session
                               ) -> Iterator[tuple[bool, TopicVerdict]]:
-    """(true label, ``detector.detect`` verdict) of every turn but the first, each given the
-    true history before it."""
+    """(true label, ``rule.detect`` verdict) of every turn but the first, each given the true
+    history before it."""
     for i, (q, _a, jump) in enumerate(session):
         if i:
-            yield jump, detector.detect([(u, v) for u, v, _ in session[:i]], q)
+            yield jump, rule.detect([(u, v) for u, v, _ in session[:i]], q)
 
 
-def evaluate(detector: Any, sessions: Sequence[Session]) -> dict[str, float]:
+def evaluate(detector: TopicDetector, sessions: Sequence[Session]) -> dict[str, float]:
     return jump_scores(*predictions(detector, sessions))
 
 
 def rule_scores(rule: RuleDetector, sessions: Sequence[Session]) -> dict[str, float]:
-    """``evaluate(rule, ...)`` plus ``similarity_auc``: how well the rule's similarity alone
-    ranks true jumps below continuations (ROC AUC; 0.5: the set carries no TF-IDF signal that
-    any threshold, ours or the rule's, could find)."""
+    """Precision, recall and F1 of ``rule`` on the true history, plus ``similarity_auc``: how
+    well the rule's similarity alone ranks true jumps below continuations (ROC AUC; 0.5: the
+    set carries no TF-IDF signal that any threshold, ours or the rule's, could find)."""
     from sklearn.metrics import roc_auc_score
 
     truth, sims = rule_similarities(sessions, rule.window)

@@ -337,7 +337,7 @@ def test_signal_auc_ranks_the_signal_alone_and_leaves_the_timings_alone() -> Non
     assert signal_auc(gain, sessions) == 1.0
     assert gain.timing()["calls"] == 0 and sorted(seen) == ["b", "c", "d", "f", "g"]
     assert signal_auc(gain, sessions) == 1.0 and len(seen) == 5  # remembered
-    gain(("a", "x"), "b")  # the detector's path: timed
+    gain(("a", "x"), "b")  # the detector's path times only what it computes
     assert gain.timing()["calls"] == 0  # a remembered value costs nothing
     backwards = MemoGain(lambda last, message: 1.0 - continuation_score(last, message))
     assert signal_auc(backwards, sessions) == 0.0
