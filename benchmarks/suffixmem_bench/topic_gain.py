@@ -2,7 +2,7 @@
 served model's signals (``suffixmem.context_gain``, ``suffixmem.hidden_similarity``) beside the
 default one, on the same data sets.
 
-The signal's model (``GAIN_FEATURES`` or ``HIDDEN_FEATURES``: the six signals plus it) is
+The signal's model (``GAIN_FEATURES`` or ``HIDDEN_FEATURES``: the seven signals plus it) is
 fitted exactly as the default one, on the same tuning sessions (English chatterbot tuning
 topics, natural_tune); the scored sets are never seen. Each data set's entry gains
 ``"context_gain"`` (or ``"hidden_sim"``) ``: {"f1", "precision", "recall", "auc",

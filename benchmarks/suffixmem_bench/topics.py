@@ -7,7 +7,7 @@ never tuned on.
 
 Tuning data (never scored): the English chatterbot tuning sessions and
 ``data/natural_tune.jsonl``, separate sessions written in the natural set's style. On them: the
-detector's signal model (``topic_signals``: six weights fitted with the true history, then the
+detector's signal model (``topic_signals``: seven weights fitted with the true history, then the
 cutoff with the smallest worst regret running on its own verdicts, ``fit_model``) and the
 baseline rule's threshold (``topic_scoring.RuleDetector``: char 2-4-gram TF-IDF fitted on the
 session, cosine with the last three turns; its best mean F1), and the length rule's

@@ -20,12 +20,13 @@ knows no list of topics and learns nothing at run time beyond the session's own 
    than ``min_content`` letters ("ok", "why?") is never a jump.
 4. **One decision over all signals** (``topic_signals``): the similarity, its drop below the
    similarities the topic's own turns had (a per-session threshold), the share of the message
-   on n-grams the session never used, its length, follow-up cue and question form go through
-   a logistic model of six weights, fitted by ``suffixmem bench topics`` on its tuning data
-   and shipped in code. A detector built without a model (``TopicDetector(config)``) uses the
-   plain rule instead: similarity below ``threshold`` (scaled down for short messages) is a
-   jump.
-5. **Optionally, the served model's own signal**, a seventh feature: its hidden states
+   on n-grams the session never used, its length, follow-up cue and question form, and its
+   length relative to the last user message (a new subject tends to come longer than the
+   message before it, a follow-up shorter) go through a logistic model of seven weights,
+   fitted by ``suffixmem bench topics`` on its tuning data and shipped in code. A detector
+   built without a model (``TopicDetector(config)``) uses the plain rule instead: similarity
+   below ``threshold`` (scaled down for short messages) is a jump.
+5. **Optionally, the served model's own signal**, an eighth feature: its hidden states
    (``default_detector(gain=HiddenSimilarity(...))``, ``suffixmem.hidden_similarity``: the
    middle-layer cosine with the last user message, one forward of 12 layers; ``HIDDEN_MODEL``)
    or its context gain (``gain=ContextGain(...)``, ``suffixmem.context_gain``: how much the last
@@ -142,7 +143,7 @@ class TopicState:
     observed: tuple[str, float] | None = None  # the last observed message and its similarity
     char_df: SparseRow = EMPTY  # per feature, the session's turns that used it
     word_df: SparseRow = EMPTY
-    last_turn: tuple[str, str] | None = None  # (user, reply) texts: the context gain reads them
+    last_turn: tuple[str, str] | None = None  # (user, reply): rel_length, served signals
 
 
 class Featurizer:
@@ -288,8 +289,11 @@ class TopicDetector:
         unseen = c.data[state.char_df.values_at(c.indices) == 0].tolist() if c.nnz else []
         novelty = float(sum(v * v for v in unseen))
         drop = sum(state.sims) / len(state.sims) - sim if state.sims else 0.0
-        return sim, [sim, drop, novelty, math.log1p(content_chars(message)) / 5.0,
-                     float(continues_topic(message)), float(is_question(message))]
+        letters = content_chars(message)
+        before = content_chars(state.last_turn[0]) if state.last_turn is not None else letters
+        return sim, [sim, drop, novelty, math.log1p(letters) / 5.0,
+                     float(continues_topic(message)), float(is_question(message)),
+                     math.log((1 + letters) / (1 + before))]
 
     def observe_user(self, state: TopicState, message: str) -> TopicVerdict:
         """Is ``message`` a jump from the topic in ``state``? (``state`` only remembers the
@@ -348,7 +352,7 @@ class TopicDetector:
 
     def replay(self, turns: Sequence[tuple[str, str]]) -> TopicState:
         """The state after ``turns`` (user, assistant), re-detecting their jumps. With a
-        context gain the past turns are re-detected without it (``DEFAULT_MODEL``'s six
+        context gain the past turns are re-detected without it (``DEFAULT_MODEL``'s seven
         signals): their verdicts only shape the state, and a gain per stored turn (two
         forwards of the model each) would make a cold session's first verdict take seconds."""
         judge = self

@@ -1,4 +1,4 @@
-"""The signal model (a logistic decision over six conversation features), the features the
+"""The signal model (a logistic decision over seven conversation features), the features the
 detector computes for it, and a session's own semantic temperature range."""
 
 from __future__ import annotations
@@ -55,9 +55,16 @@ def test_signals_are_what_they_say() -> None:
     assert f["sim_drop"] == 0.0  # the topic has no turn to compare with yet
     assert f["question"] == 0.0 and f["follow_up"] == 0.0
     assert f["length"] == pytest.approx(math.log1p(len("zorblaxquantumflux")) / 5)
+    assert f["rel_length"] == 0.0  # as long as the last user message
     _, x = d.signals(state, "Why mmmpf?")  # type: ignore[misc]
     f = dict(zip(FEATURES, x, strict=True))
     assert f["question"] == 1.0 and f["follow_up"] == 1.0 and f["novelty"] > 0.5
+    # 8 letters after 18: shorter than the last user message, so the ratio's log is negative
+    assert f["rel_length"] == pytest.approx(math.log(9 / 19))
+    # the ratio reads the last *user* message, not the reply: a long reply changes nothing
+    d.add_turn(state, "Why mmmpf?", "because " * 40, False)
+    _, x = d.signals(state, "zorblax quantum flux")  # type: ignore[misc]
+    assert dict(zip(FEATURES, x, strict=True))["rel_length"] == pytest.approx(math.log(19 / 9))
 
 
 def test_sim_drop_against_the_topics_own_turns() -> None:
