@@ -47,7 +47,6 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -68,11 +67,18 @@ from suffixmem.conversation.topic_signals import (
     HIDDEN_MODEL,
     SignalModel,
 )
-from suffixmem.conversation.topic_text import char_ngrams, content_chars, is_question, word_tokens
-from suffixmem.conversation.topic_vector import EMPTY, SparseRow, hashed_counts
+from suffixmem.conversation.topic_text import (  # noqa: F401  (word_tokens: tests import it here)
+    content_chars,
+    is_question,
+    word_tokens,
+)
+from suffixmem.conversation.topic_vector import (  # noqa: F401  (the API's names, re-exported)
+    EMPTY,
+    N_FEATURES,
+    Featurizer,
+    SparseRow,
+)
 from suffixmem.errors import ConfigError
-
-N_FEATURES = 2**18
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,64 +150,6 @@ class TopicState:
     char_df: SparseRow = EMPTY  # per feature, the session's turns that used it
     word_df: SparseRow = EMPTY
     last_turn: tuple[str, str] | None = None  # (user, reply): rel_length, served signals
-
-
-class Featurizer:
-    """Hashed n-gram counts weighted by sublinear TF x IDF (background + session), l2-normed.
-
-    ``char_df``/``word_df``: background document frequencies per hashed feature (dense arrays
-    of ``N_FEATURES``), ``docs``: background documents. Without them every n-gram's IDF is that
-    of a feature seen in no background document, so only the session's statistics count.
-    """
-
-    def __init__(self, char_df: np.ndarray | None = None, word_df: np.ndarray | None = None,
-                 docs: int = 0) -> None:
-        from sklearn.feature_extraction.text import HashingVectorizer
-
-        self.char = HashingVectorizer(analyzer=char_ngrams, n_features=N_FEATURES,
-                                      alternate_sign=False, norm=None)
-        self.word = HashingVectorizer(analyzer=word_tokens, n_features=N_FEATURES,
-                                      alternate_sign=False, norm=None)
-        zeros = np.zeros(N_FEATURES, dtype=np.float32)
-        self.char_df = char_df if char_df is not None else zeros
-        self.word_df = word_df if word_df is not None else zeros
-        self.docs = docs
-
-    def fit(self, texts: Sequence[str]) -> Featurizer:
-        """Set the background document frequencies from ``texts`` (one document each)."""
-        docs = [t for t in texts if t and t.strip()]
-        if docs:
-            self.char_df = _doc_freq(self.char.transform(docs))
-            self.word_df = _doc_freq(self.word.transform(docs))
-            self.docs = len(docs)
-        return self
-
-    def counts(self, text: str) -> tuple[SparseRow, SparseRow]:
-        """Raw hashed counts of ``text``, (char, word): the same features and counts as
-        ``self.char.transform([text])`` and ``self.word.transform([text])``, without their
-        per-call cost (``topic_vector``)."""
-        return (hashed_counts(char_ngrams(text), N_FEATURES),
-                hashed_counts(word_tokens(text), N_FEATURES))
-
-    def weigh(self, counts: SparseRow, background: np.ndarray, session: SparseRow,
-              session_docs: int) -> SparseRow:
-        """TF-IDF of a count row: (1 + log tf) * (log((1 + N) / (1 + df)) + 1), l2-normed, with
-        N and df summed over the background and the session."""
-        if counts.nnz == 0:
-            return counts
-        idx = counts.indices
-        df = background[idx].astype(np.float64)
-        if session.nnz:
-            df += session.values_at(idx)
-        idf = np.log((1.0 + self.docs + session_docs) / (1.0 + df)) + 1.0
-        data = (1.0 + np.log(counts.data)) * idf
-        data /= math.sqrt(float(np.dot(data, data)))
-        return SparseRow(idx, data)
-
-
-def _doc_freq(x: Any) -> np.ndarray:
-    """Per feature, the number of rows of the sparse matrix ``x`` where it occurs."""
-    return np.bincount(x.tocsr().indices, minlength=N_FEATURES).astype(np.float32)
 
 
 def _dot(a: SparseRow | None, b: SparseRow | None) -> float:

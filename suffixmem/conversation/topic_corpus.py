@@ -70,7 +70,7 @@ def corpus_texts(languages: list[str] | None = None) -> list[str]:
 def build_background(path: Path = BACKGROUND_PATH, texts: list[str] | None = None) -> Path:
     """Write the background document frequencies of ``texts`` (default: all of
     chatterbot-corpus) to ``path`` as sparse (index, count) arrays."""
-    from suffixmem.conversation.topic import Featurizer
+    from suffixmem.conversation.topic_vector import Featurizer
 
     f = Featurizer().fit(corpus_texts() if texts is None else texts)
     arrays: dict[str, np.ndarray] = {"docs": np.asarray([f.docs], dtype=np.int64)}
@@ -86,7 +86,7 @@ def build_background(path: Path = BACKGROUND_PATH, texts: list[str] | None = Non
 def load_background(path: Path = BACKGROUND_PATH) -> tuple[np.ndarray | None, np.ndarray | None,
                                                             int]:
     """(char_df, word_df, docs) from ``path``; (None, None, 0) when it is missing."""
-    from suffixmem.conversation.topic import N_FEATURES
+    from suffixmem.conversation.topic_vector import N_FEATURES
 
     if not path.is_file():
         return None, None, 0

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.feature_extraction.text import HashingVectorizer
 
-from suffixmem.conversation.topic import N_FEATURES, char_ngrams, default_detector, word_tokens
-from suffixmem.conversation.topic_vector import EMPTY, SparseRow, hashed_counts
+from suffixmem.conversation.topic import default_detector
+from suffixmem.conversation.topic_text import char_ngrams, word_tokens
+from suffixmem.conversation.topic_vector import EMPTY, N_FEATURES, SparseRow, hashed_counts
 
 TEXTS = [
     "How do I bake bread at home?", "Wie lange backe ich es? Etwa 40 Minuten bei 220 Grad.",
