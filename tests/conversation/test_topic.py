@@ -175,7 +175,7 @@ def test_bench_json_shape() -> None:
     r = json.loads(json.dumps(run_topics(8, 0, ["english", "chinese"])))
     assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural",
                                   "natural-fresh", "natural-blind", "natural-blind2",
-                                  "natural-blind3"}
+                                  "natural-blind3", "natural-blind4"}
     for d in r["datasets"].values():
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "length_f1", "turns",
                           "jumps"}
@@ -201,12 +201,14 @@ def test_bench_json_shape() -> None:
         NATURAL_BLIND,
         NATURAL_BLIND2,
         NATURAL_BLIND3,
+        NATURAL_BLIND4,
         NATURAL_FRESH,
     )
 
     fresh = (load_natural(NATURAL_FRESH) + load_natural(NATURAL_BLIND)
-             + load_natural(NATURAL_BLIND2) + load_natural(NATURAL_BLIND3))
-    assert len(fresh) >= 134 and all(7 <= len(s) <= 16 for s in fresh)
+             + load_natural(NATURAL_BLIND2) + load_natural(NATURAL_BLIND3)
+             + load_natural(NATURAL_BLIND4))
+    assert len(fresh) >= 174 and all(7 <= len(s) <= 16 for s in fresh)
     scored = {q for s in natural + fresh for q, _, _ in s if len(q) >= 20}
     assert not scored & {q for s in tune for q, _, _ in s}
     assert set(r["model"]) >= {"sim", "novelty", "bias", "cutoff"}
