@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from suffixmem.conversation.topic import TopicDetector, TopicState, signal_name
+from suffixmem_bench.topic_scoring import roc_auc
 
 
 class MemoGain:
@@ -83,8 +84,6 @@ def probability_auc(detector: TopicDetector, sessions: Sequence[Sequence[tuple[s
                     ) -> float:
     """ROC AUC of the signal model's probability over the turns it decides, each on the
     detector's own verdicts (as served); NaN when those turns hold one class only."""
-    from sklearn.metrics import roc_auc_score
-
     ys: list[bool] = []
     ps: list[float] = []
     for session in sessions:
@@ -95,22 +94,20 @@ def probability_auc(detector: TopicDetector, sessions: Sequence[Sequence[tuple[s
                 ys.append(jump)
                 ps.append(verdict.probability)
             detector.add_turn(state, q, a, verdict.jump)
-    return float(roc_auc_score(ys, ps)) if len(set(ys)) == 2 else float("nan")
+    return roc_auc(ys, ps, float("nan"))
 
 
 def signal_auc(gain: MemoGain, sessions: Sequence[Sequence[tuple[str, str, bool]]]) -> float:
     """ROC AUC of the signal alone as a jump score: minus its value for each turn but a
     session's first against the true previous turn (a lower gain or hidden cosine should
     mean a jump); 0.5 is no signal. NaN when the turns hold one class only."""
-    from sklearn.metrics import roc_auc_score
-
     ys: list[bool] = []
     xs: list[float] = []
     for session in sessions:
         for (q0, a0, _), (q, _a, jump) in itertools.pairwise(session):
             ys.append(jump)
             xs.append(-gain.untimed((q0, a0), q))
-    return float(roc_auc_score(ys, xs)) if len(set(ys)) == 2 else float("nan")
+    return roc_auc(ys, xs, float("nan"))
 
 
 def scores(detector: TopicDetector, gain_model: Any, gain: MemoGain,

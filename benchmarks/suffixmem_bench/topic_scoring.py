@@ -7,7 +7,7 @@ topics``."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from suffixmem.conversation.topic import TopicDetector, TopicState, TopicVerdict
 from suffixmem.conversation.topic_text import content_chars
@@ -78,16 +78,34 @@ def evaluate(detector: TopicDetector, sessions: Sequence[Session]) -> dict[str, 
     return jump_scores(*predictions(detector, sessions))
 
 
+def roc_auc(truth: Sequence[bool], scores: Sequence[float], one_class: float) -> float:
+    """ROC AUC of ``scores`` (higher: more likely a jump) against ``truth``; ``one_class`` when
+    the turns hold one class only, where the AUC is undefined."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(truth, scores)) if len(set(truth)) == 2 else one_class
+
+
+def best_threshold(scored: Sequence[tuple[Sequence[bool], Sequence[float]]],
+                   candidates: Sequence[float],
+                   is_jump: Callable[[float, float], bool]) -> tuple[float, float]:
+    """(threshold, mean F1) of the best of ``candidates`` over ``scored`` sets of (true labels,
+    a per-turn value), a turn being a jump when ``is_jump(value, threshold)``; ties: the
+    smaller threshold. The values do not depend on the threshold, so each is computed once."""
+    def mean_f1(t: float) -> float:
+        return statistics.fmean(jump_scores(truth, [is_jump(x, t) for x in xs])["f1"]
+                                for truth, xs in scored)
+
+    return max(((t, mean_f1(t)) for t in candidates), key=lambda x: (x[1], -x[0]))
+
+
 def rule_scores(rule: RuleDetector, sessions: Sequence[Session]) -> dict[str, float]:
     """Precision, recall and F1 of ``rule`` on the true history, plus ``similarity_auc``: how
     well the rule's similarity alone ranks true jumps below continuations (ROC AUC; 0.5: the
     set carries no TF-IDF signal that any threshold, ours or the rule's, could find)."""
-    from sklearn.metrics import roc_auc_score
-
     truth, sims = rule_similarities(sessions, rule.window)
     scores = jump_scores(truth, [x < rule.threshold for x in sims])
-    both = len(set(truth)) == 2
-    scores["similarity_auc"] = float(roc_auc_score(truth, [-x for x in sims])) if both else 0.5
+    scores["similarity_auc"] = roc_auc(truth, [-x for x in sims], 0.5)
     return scores
 
 
@@ -111,13 +129,8 @@ def best_rule(sets: Sequence[Sequence[Session]]) -> tuple[float, float]:
     similarities do not depend on its threshold, so each set's are computed once and every
     threshold in ``THRESHOLDS`` is scored on them (the same verdicts as ``evaluate`` with
     ``RuleDetector(t)``, 25 times less TF-IDF work)."""
-    scored = [rule_similarities(s) for s in sets]
-
-    def mean_f1(t: float) -> float:
-        return statistics.fmean(jump_scores(truth, [x < t for x in sims])["f1"]
-                                for truth, sims in scored)
-
-    return max(((t, mean_f1(t)) for t in THRESHOLDS), key=lambda x: (x[1], -x[0]))
+    return best_threshold([rule_similarities(s) for s in sets], THRESHOLDS,
+                          lambda sim, t: sim < t)
 
 
 def message_lengths(sessions: Sequence[Session]) -> tuple[list[bool], list[int]]:
@@ -142,19 +155,12 @@ def length_scores(threshold: int, sessions: Sequence[Session]) -> dict[str, floa
 def length_auc(sessions: Sequence[Session]) -> float:
     """ROC AUC of the message's length as a jump score (longer: more likely a jump); 0.5 when
     the turns hold one class only. How much of a set's jumps length alone can rank."""
-    from sklearn.metrics import roc_auc_score
-
-    truth, lengths = message_lengths(sessions)
-    return float(roc_auc_score(truth, lengths)) if len(set(truth)) == 2 else 0.5
+    return roc_auc(*message_lengths(sessions), 0.5)
 
 
 def best_length(sets: Sequence[Sequence[Session]]) -> tuple[int, float]:
     """(threshold, mean F1) of the length rule's best threshold in ``LENGTHS`` over ``sets``
     (ties: the shorter threshold)."""
-    scored = [message_lengths(s) for s in sets]
-
-    def mean_f1(t: int) -> float:
-        return statistics.fmean(jump_scores(truth, [n >= t for n in lengths])["f1"]
-                                for truth, lengths in scored)
-
-    return max(((t, mean_f1(t)) for t in LENGTHS), key=lambda x: (x[1], -x[0]))
+    threshold, f1 = best_threshold([message_lengths(s) for s in sets], LENGTHS,
+                                   lambda n, t: n >= t)
+    return int(threshold), f1
