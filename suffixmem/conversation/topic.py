@@ -67,11 +67,7 @@ from suffixmem.conversation.topic_signals import (
     HIDDEN_MODEL,
     SignalModel,
 )
-from suffixmem.conversation.topic_text import (  # noqa: F401  (word_tokens: tests import it here)
-    content_chars,
-    is_question,
-    word_tokens,
-)
+from suffixmem.conversation.topic_text import content_chars, is_question
 from suffixmem.conversation.topic_vector import (  # noqa: F401  (the API's names, re-exported)
     EMPTY,
     N_FEATURES,

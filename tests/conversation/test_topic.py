@@ -442,7 +442,7 @@ def test_semantic_temperature_follows_the_model(tmp_path: Path) -> None:
 def test_words_keep_their_combining_marks() -> None:
     """Indic and Hebrew vowel signs are not \\w in Python; words must not split at them, and
     they count as letters."""
-    from suffixmem.conversation.topic import word_tokens
+    from suffixmem.conversation.topic_text import word_tokens
 
     assert word_tokens("আমি তোমাকে ভালোবাসি") == ["আমি", "তোমাকে", "ভালোবাসি"]
     assert word_tokens("שָׁלוֹם עוֹלָם") == ["שָׁלוֹם", "עוֹלָם"]
@@ -456,7 +456,7 @@ def test_text_without_spaces_between_words_has_no_word_vector() -> None:
     """Thai (like Chinese and Japanese) puts spaces between phrases, not words: its "words" are
     whole clauses, so it is compared on characters alone, not on a word cosine of ~0 that would
     halve the similarity of a message that plainly repeats its topic."""
-    from suffixmem.conversation.topic import word_tokens
+    from suffixmem.conversation.topic_text import word_tokens
 
     thai = "ร้านอาหารไทยใกล้บ้าน แนะนำหน่อย"
     assert word_tokens(thai) == [] and word_tokens("你好 世界") == []
