@@ -337,11 +337,13 @@ def serving_dtype(engine: Any) -> str:
 def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None,
                methods: Sequence[str] | None = None, model: str | None = None, threads: int = 1,
                continuation: int = 48, progress: Callable[[str], None] | None = None,
-               ) -> dict[str, Any]:
+               chained: int = 0) -> dict[str, Any]:
     """Only the reuse events of ``workloads`` (``bench segments --events``): a larger replay
     than the whole bench affords (``sessions``, ``turns`` per session; None: the workload's
     pinned turns), every method of ``methods`` (labels; None: all) on them. JSON: ``events``
-    and ``workload_defaults`` as in the whole bench, for those workloads only, and ``setup``."""
+    and ``workload_defaults`` as in the whole bench, for those workloads only, and ``setup``.
+    ``chained > 0`` (with ``rag``): also ``events.rag.chained``, that many whole sessions
+    served with the engine's own method, reuse chained turn over turn (``segment_chain``)."""
     import time
 
     import torch
@@ -367,10 +369,16 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
                                 progress, workloads)
     finally:
         engine.close()
+    if chained and "rag" in events:
+        from suffixmem_bench.segment_chain import measure_chain
+
+        events["rag"]["chained"] = measure_chain(model, threads, lambda text: len(encode(text)),
+                                                 decode, chained, turns, progress=progress)
     return {
         "events": events, "workload_defaults": event_defaults(events),
         "setup": {"workloads": list(workloads), "event_sessions": sessions,
                   "event_turns": turns, "continuation": continuation,
                   "methods": [m.label() for m in method_list], "threads": threads,
+                  "chained_sessions": chained,
                   "dtype": dtype, "seconds": round(time.perf_counter() - t0, 1)},
     }

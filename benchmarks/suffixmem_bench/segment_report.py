@@ -35,6 +35,13 @@ def print_events_report(console: Any, result: dict[str, Any]) -> None:
     for name, ev in result["events"].items():
         console.print(f"{name}: {ev['events']} reuse events, {ev['prompt_tokens_mean']:.0f} "
                       f"prompt tokens on average; chosen {ev.get('chosen') or '-'}")
+        if "chained" in ev:
+            c = ev["chained"]
+            console.print(
+                f"{name}, {c['sessions']} sessions served with {c['method']}, reuse chained: "
+                f"free-running {c['free_running_agreement']} (one hop "
+                f"{c['free_running_unchained']}), task {c['task_agreement']} (one hop "
+                f"{c['task_agreement_unchained']}) on {c['task_events']} questions")
     _methods(console, result, result["setup"]["dtype"])
 
 

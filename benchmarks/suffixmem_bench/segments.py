@@ -256,6 +256,10 @@ def register(bench: typer.Typer) -> None:
                      "nothing else: a larger replay (with --event-sessions, --event-turns)."),
         event_turns: int = typer.Option(
             0, min=0, help="Turns per replayed session (0: each workload's pinned count)."),
+        chained: int = typer.Option(
+            0, min=0, help="With --events rag: also serve this many whole rag sessions with "
+                           "the engine's method, reuse chained turn over turn, against exact "
+                           "and one-hop reuse on the same prompts."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -279,9 +283,12 @@ def register(bench: typer.Typer) -> None:
                 raise typer.BadParameter(f"--events {events!r}: {e}") from None
             if event_sessions < 1:
                 raise typer.BadParameter("--events needs --event-sessions >= 1")
+            if chained and "rag" not in names:
+                raise typer.BadParameter("--chained measures rag sessions: add rag to --events")
             with quiet_stdout(as_json), RunContext(threads) as ctx:
                 result = run_events(names, event_sessions, event_turns or None,
-                                    methods.split() or None, model, threads, progress=say)
+                                    methods.split() or None, model, threads, progress=say,
+                                    chained=chained)
             result.update(ctx.fields())
             if as_json:
                 print(json.dumps(result))
@@ -290,6 +297,8 @@ def register(bench: typer.Typer) -> None:
 
                 print_events_report(console, result)
             return
+        if chained:
+            raise typer.BadParameter("--chained goes with --events rag")
         with quiet_stdout(as_json), RunContext(threads) as ctx:
             result = run_segments(
                 [int(x) for x in k.split(",")], [float(x) for x in r.split(",")], prompts,

@@ -91,6 +91,41 @@ def test_events_of_an_unknown_workload_are_a_usage_error() -> None:
     assert "overflow,chat" in result.output
     result = CliRunner().invoke(_app(), ["segments", "--events", "overflow", "--event-turns", "-1"])
     assert result.exit_code == 2 and "--event-turns" in result.output
+    # chained sessions are rag sessions: not without rag among the events
+    for args in (["--events", "overflow", "--chained", "2"], ["--chained", "2"]):
+        result = CliRunner().invoke(_app(), ["segments", *args])
+        assert result.exit_code == 2 and "--chained" in result.output, args
+        assert "Traceback" not in result.output
+
+
+def test_chain_agreement_and_summary() -> None:
+    """``segment_chain``'s figures: the shared leading tokens' share of the longer reply, and
+    per arm the means over the turns after the first, also per turn index."""
+    from suffixmem_bench.segment_chain import ChainTurn, agreement, summarize
+
+    assert agreement([1, 2, 3], [1, 2, 3]) == 1.0 and agreement([], []) == 1.0
+    assert agreement([1, 2, 3, 4], [1, 2, 9, 4]) == 0.5
+    assert agreement([1, 2], [1, 2, 3, 4]) == 0.5  # one stopped early: the longer counts
+    assert agreement([7], [8]) == 0.0
+    rows = [
+        ChainTurn(0, 0, 100, 0, 0, 1.0, None, "1234"),
+        ChainTurn(0, 1, 200, 80, 70, 0.5, 1.0, "1234", ("1234", "1234", "1234")),
+        ChainTurn(0, 2, 300, 160, 150, 1.0, 0.25, "1234", ("1234", "999", "1234")),
+        ChainTurn(1, 1, 200, 60, 60, 0.0, 0.5, "42", ("7", "7", "8")),
+    ]
+    s = summarize(rows)
+    assert (s["sessions"], s["turns"], s["task_events"]) == (2, 3, 3)
+    third = round(1 / 3, 4)
+    assert s["free_running_agreement"] == 0.5
+    assert s["free_running_unchained"] == round(1.75 / 3, 4)
+    assert s["task_agreement"] == s["task_agreement_unchained"] == round(2 / 3, 4)
+    assert s["task_exact_accuracy"] == round(2 / 3, 4) and s["task_reuse_accuracy"] == third
+    assert s["reused_tokens_mean"] == 100.0
+    assert s["reused_tokens_unchained_mean"] == round(280 / 3, 4)
+    assert set(s["by_turn"]) == {"1", "2"}
+    assert s["by_turn"]["1"]["free_running_agreement"] == 0.25
+    second = s["by_turn"]["2"]
+    assert second["task_agreement"] == 0.0 and second["task_agreement_unchained"] == 1.0
 
 
 def test_events_report_prints_tables_not_json() -> None:
@@ -122,7 +157,7 @@ def test_events_only_replays_just_the_named_workload(model_path) -> None:  # typ
 
     result = CliRunner().invoke(_app(), [
         "segments", "--events", "rag", "--event-sessions", "1", "--event-turns", "2",
-        "--methods", "k0 k0-r1@1", "--threads", "2", "--json"])
+        "--methods", "k0 k0-r1@1", "--threads", "2", "--chained", "1", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert set(out["events"]) == set(out["workload_defaults"]) == {"rag"}
@@ -139,6 +174,20 @@ def test_events_only_replays_just_the_named_workload(model_path) -> None:  # typ
     verdict = out["workload_defaults"]["rag"]
     assert verdict["segment_reuse"] == (verdict["why"] == "gate passed")
     assert "noisy" in out and "load_avg" in out  # the measurement discipline's fields
+    # --chained: one whole session served with the engine's own method, turn 2 against exact
+    # and one-hop reuse, the planted code asked for after it
+    from suffixmem.engine.reuse.blend import default_blend
+
+    chained = rag["chained"]
+    assert out["setup"]["chained_sessions"] == 1
+    assert chained["method"] == default_blend(out["setup"]["dtype"]).label()
+    assert (chained["sessions"], chained["turns"], chained["task_events"]) == (1, 1, 1)
+    assert set(chained["by_turn"]) == {"1"}
+    # turn 2 places turn 1's exchange at its new position in both reuse arms
+    assert chained["reused_tokens_mean"] > 0 and chained["reused_tokens_unchained_mean"] > 0
+    for key in ("free_running_agreement", "free_running_unchained", "task_agreement",
+                "task_agreement_unchained", "task_exact_accuracy", "task_reuse_accuracy"):
+        assert 0 <= chained[key] <= 1, key
 
 
 @pytest.mark.slow
