@@ -22,6 +22,8 @@ served); every arm sees the same token ids each turn.
 Figures per arm: free-running agreement of the turn's greedy reply with the exact reply (the
 shared prefix's share of the longer of the two; 1.0 when identical) and task agreement with the
 exact answer; ``by_turn`` gives them per turn index, where drift along the chain would show.
+``chained_verdict`` adds the chained task agreement to the rag class's default: below the
+gate's task bar, the class stays exact.
 """
 
 from __future__ import annotations
@@ -176,3 +178,21 @@ def measure_chain(model: str, threads: int, count: Callable[[str], int],
     finally:
         engine.close()
     return {**summarize(rows), "method": blend.label()}
+
+
+def chained_verdict(verdict: dict[str, Any], chained: dict[str, Any] | None) -> dict[str, Any]:
+    """``verdict`` with whole sessions served by its method (``segment_chain``), when they
+    were: reuse placed on reuse turn over turn must also keep the task check's bar (answers as
+    the exact run's), or the class stays exact. Sessions served by another method only
+    report theirs."""
+    from suffixmem_bench.segment_scenarios import GATE
+
+    if not chained or chained.get("task_agreement") is None:
+        return verdict
+    out = {**verdict, "chained_method": chained["method"],
+           "chained_task_agreement": chained["task_agreement"]}
+    if (verdict["segment_reuse"] and chained["method"] == verdict["method"]
+            and chained["task_agreement"] < GATE["task_min"]):
+        out.update(segment_reuse=False,
+                   why="gate missed on the chained sessions' task: exact mode stays the default")
+    return out

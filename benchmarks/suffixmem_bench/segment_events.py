@@ -238,11 +238,15 @@ def event_defaults(events: dict[str, dict[str, Any]], names: Sequence[str] | Non
                    ) -> dict[str, dict[str, Any]]:
     """``workload_defaults``' verdicts for the event workloads ``names`` (default: those in
     ``events``; one missing there is "not measured")."""
+    from suffixmem_bench.segment_chain import chained_verdict
+
     out = {}
     for name in list(events) if names is None else names:
         ev = events.get(name) or {}
         chosen = ev.get("chosen")
-        out[name] = gate_verdict(ev.get("methods", {}).get(chosen) if chosen else None, chosen)
+        out[name] = chained_verdict(
+            gate_verdict(ev.get("methods", {}).get(chosen) if chosen else None, chosen),
+            ev.get("chained"))
     return out
 
 
@@ -337,13 +341,14 @@ def serving_dtype(engine: Any) -> str:
 def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None,
                methods: Sequence[str] | None = None, model: str | None = None, threads: int = 1,
                continuation: int = 48, progress: Callable[[str], None] | None = None,
-               chained: int = 0) -> dict[str, Any]:
+               chained: int = 0, chained_method: str | None = None) -> dict[str, Any]:
     """Only the reuse events of ``workloads`` (``bench segments --events``): a larger replay
     than the whole bench affords (``sessions``, ``turns`` per session; None: the workload's
     pinned turns), every method of ``methods`` (labels; None: all) on them. JSON: ``events``
     and ``workload_defaults`` as in the whole bench, for those workloads only, and ``setup``.
     ``chained > 0`` (with ``rag``): also ``events.rag.chained``, that many whole sessions
-    served with the engine's own method, reuse chained turn over turn (``segment_chain``)."""
+    served with the engine's own method (or ``chained_method``, a label), reuse chained turn
+    over turn (``segment_chain``)."""
     import time
 
     import torch
@@ -373,12 +378,13 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
         from suffixmem_bench.segment_chain import measure_chain
 
         events["rag"]["chained"] = measure_chain(model, threads, lambda text: len(encode(text)),
-                                                 decode, chained, turns, progress=progress)
+                                                 decode, chained, turns, progress=progress,
+                                                 method=chained_method)
     return {
         "events": events, "workload_defaults": event_defaults(events),
         "setup": {"workloads": list(workloads), "event_sessions": sessions,
                   "event_turns": turns, "continuation": continuation,
                   "methods": [m.label() for m in method_list], "threads": threads,
-                  "chained_sessions": chained,
+                  "chained_sessions": chained, "chained_method": chained_method,
                   "dtype": dtype, "seconds": round(time.perf_counter() - t0, 1)},
     }

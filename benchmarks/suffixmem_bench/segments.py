@@ -260,6 +260,9 @@ def register(bench: typer.Typer) -> None:
             0, min=0, help="With --events rag: also serve this many whole rag sessions with "
                            "the engine's method, reuse chained turn over turn, against exact "
                            "and one-hop reuse on the same prompts."),
+        chained_method: str = typer.Option(
+            "", help="The method of the --chained sessions (a label such as k16); empty: the "
+                     "engine's default for its dtype."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -275,6 +278,7 @@ def register(bench: typer.Typer) -> None:
         say = None if as_json else lambda m: console.print(f"[dim]{m}[/]")
         if events:
             from suffixmem_bench.segment_events import check_event_workloads, run_events
+            from suffixmem_bench.segment_scenarios import parse_method
 
             names = [w.strip() for w in events.split(",") if w.strip()]
             try:
@@ -285,10 +289,15 @@ def register(bench: typer.Typer) -> None:
                 raise typer.BadParameter("--events needs --event-sessions >= 1")
             if chained and "rag" not in names:
                 raise typer.BadParameter("--chained measures rag sessions: add rag to --events")
+            if chained_method:
+                try:
+                    parse_method(chained_method)
+                except ValueError as e:
+                    raise typer.BadParameter(f"--chained-method: {e}") from None
             with quiet_stdout(as_json), RunContext(threads) as ctx:
                 result = run_events(names, event_sessions, event_turns or None,
                                     methods.split() or None, model, threads, progress=say,
-                                    chained=chained)
+                                    chained=chained, chained_method=chained_method or None)
             result.update(ctx.fields())
             if as_json:
                 print(json.dumps(result))

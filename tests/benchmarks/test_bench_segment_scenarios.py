@@ -159,6 +159,15 @@ def test_workload_defaults_follow_the_gate() -> None:
     assert not d["documents"]["segment_reuse"]
     assert d["rag"]["why"].startswith("gate missed on top-1, KL, free-running, task")
     assert workload_defaults(None, None, {})["rag"]["segment_reuse"] is False
+    # whole sessions served with the chosen method (reuse chained turn over turn) must keep
+    # the task bar too; sessions served with another method only report theirs
+    events["rag"] = {"methods": {"k16": good}, "chosen": "k16"}
+    for method, task, on in (("k16", 0.95, True), ("k16", 0.85, False), ("k0", 0.5, True)):
+        events["rag"]["chained"] = {"method": method, "task_agreement": task}
+        d = workload_defaults(bad, "k16", events)["rag"]
+        assert d["segment_reuse"] is on and d["chained_task_agreement"] == task, method
+        assert d["why"] == ("gate passed" if on else "gate missed on the chained sessions' "
+                            "task: exact mode stays the default")
 
 
 @pytest.mark.slow

@@ -96,6 +96,9 @@ def test_events_of_an_unknown_workload_are_a_usage_error() -> None:
         result = CliRunner().invoke(_app(), ["segments", *args])
         assert result.exit_code == 2 and "--chained" in result.output, args
         assert "Traceback" not in result.output
+    result = CliRunner().invoke(_app(), ["segments", "--events", "rag", "--chained", "1",
+                                         "--chained-method", "k16-x"])
+    assert result.exit_code == 2 and "k16-x" in result.output
 
 
 def test_chain_agreement_and_summary() -> None:
