@@ -114,8 +114,9 @@ class EngineConfig:
       (``ManagerConfig.rag_reuse``, ``context_shift``; docs/segment-reuse.md "Defaults").
     - ``segment_method``: (torch engine) the recompute method of segment reuse, a
       ``BlendConfig`` label (``k16``, ``k16-q0.4``, ``k16-p0.1``;
-      ``suffixmem.engine.reuse.blend``); ``None``: the method whose rag gate passed in the
-      served dtype (``blend.default_blend``: ``k16-p0.2`` in fp32, ``k16-q0.4`` in bf16).
+      ``suffixmem.engine.reuse.blend``); ``None``: the served dtype's method
+      (``blend.default_blend``: ``k16-p0.2`` in fp32, whose rag gate passed; ``k16-q0.4`` in
+      bf16, whose gate passed on two hosts of three, so bf16 turns are exact by default).
       Context shift alone keeps its own method. docs/segment-reuse.md measures each.
     - ``context_shift``: (torch engine, default on) when a request with ``exact=False`` drops a
       session's old turns, its kept turns' KV is reused at their new positions (RoPE

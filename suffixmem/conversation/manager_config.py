@@ -49,7 +49,8 @@ class ManagerConfig:
       their new positions (torch engine with ``segment_reuse``). None (default): on exactly
       where the engine's method passed ``bench segments``' gate on the rag workload's reuse
       events in the dtype it serves (``Engine.reuse_passes_gate("rag")``): the torch engine's
-      default method does in both dtypes (``k16-p0.2`` in fp32, ``k16-q0.4`` in bf16); a method
+      default method does in fp32 (``k16-p0.2``), not in bf16 (``k16-q0.4`` passed on two
+      hosts and missed on a third), where such turns stay exact; a method
       chosen for speed whose gate missed (``segment_method="k16"``) keeps such turns exact
       (docs/segment-reuse.md "Defaults"); never on the vLLM engine, which has no approximate
       reuse. True sends such turns approximate anyway, False keeps them exact.

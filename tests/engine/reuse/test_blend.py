@@ -135,7 +135,8 @@ def test_a_class_is_on_by_default_only_where_its_method_passed_in_that_dtype() -
     # the default method passed the rag gate in fp32 (57 of 59), not in bf16 (50 of 59)
     assert gate_passed("rag", DEFAULT_BLEND, "float32")
     assert not gate_passed("rag", DEFAULT_BLEND, "bfloat16")
-    assert gate_passed("rag", BlendConfig(first_k=16, query_ratio=0.4), "bfloat16")
+    # k16-q0.4 passed in bf16 on two hosts and missed on a third (52 of 59; chained 0.91)
+    assert not gate_passed("rag", BlendConfig(first_k=16, query_ratio=0.4), "bfloat16")
     # k16 alone missed everywhere; unmeasured pairs and classes count as failed
     assert not gate_passed("rag", BlendConfig(first_k=16, ratio=0.0), "float32")
     assert not gate_passed("rag", BlendConfig(first_k=16, query_ratio=0.4), "float32")
@@ -145,8 +146,9 @@ def test_a_class_is_on_by_default_only_where_its_method_passed_in_that_dtype() -
 def test_the_default_method_is_the_one_whose_gate_passed_in_the_served_dtype() -> None:
     assert default_blend("float32") == DEFAULT_BLEND
     assert default_blend("bfloat16").label() == "k16-q0.4"
-    for dtype in ("float32", "bfloat16"):
-        assert gate_passed("rag", default_blend(dtype), dtype)
+    # fp32's passed the rag gate; bf16's did not everywhere, so bf16 turns stay exact
+    assert gate_passed("rag", default_blend("float32"), "float32")
+    assert not gate_passed("rag", default_blend("bfloat16"), "bfloat16")
     # a dtype never measured: the fallback, and no gate passed
     assert default_blend("float16") == DEFAULT_BLEND
     assert not gate_passed("rag", default_blend("float16"), "float16")

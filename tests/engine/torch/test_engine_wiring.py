@@ -88,10 +88,11 @@ def test_the_rag_default_follows_the_gate_of_the_method_and_dtype(dtype: str, tm
 
     engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, dtype=dtype)
     try:
-        # the default method is the one whose rag gate passed in this dtype
+        # the dtype's default method; its rag gate passed in fp32 only (in bf16 it missed
+        # on one host of three), so rag turns are approximate by default in fp32 only
         assert engine.reuse.blend == default_blend(dtype)
         passes = engine.reuse_passes_gate("rag")
-        assert passes and not engine.reuse_passes_gate("documents")
+        assert passes == (dtype == "float32") and not engine.reuse_passes_gate("documents")
         # None (the default) asks the engine; the caller's choice wins
         for given, want in ((None, passes), (True, True), (False, False)):
             mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'm.db'}",
