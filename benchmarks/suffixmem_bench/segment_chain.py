@@ -15,9 +15,11 @@ that chain, through the serving engine, against two references on the same promp
 Each session plants ``The code of this chat is NNNN.`` in its first user message; after every
 later turn a side request (the turn's system prompt and history, then ``QUESTION``) asks for
 the code in all three arms, and the answers (``answer_of``) are compared with the exact one.
-The side request goes to the chained session's own key, so the next turn shifts from it and
-the chain goes on through it. The history is the chained run's own replies (the conversation as
-served); every arm sees the same token ids each turn.
+The side request goes to the chained session's own key: it continues the turn's sequence (a
+prefix-cache hit on the turn's placed KV, no new placement), and the next turn shifts from it.
+Its one-hop arm computes the turn before's sequence exactly and places the history from it.
+The history is the chained run's own replies (the conversation as served); every arm sees the
+same token ids each turn.
 
 Figures per arm: free-running agreement of the turn's greedy reply with the exact reply (the
 shared prefix's share of the longer of the two; 1.0 when identical) and task agreement with the
@@ -107,9 +109,12 @@ def chain_session(engine: Any, workload: Any, s: int, code: int,
             side = engine.render([Message("system", system), *history,
                                   Message("user", question)])
             side_marked = passage_segments(engine, system, side)
+            # one hop: from the turn before's sequence, so that the side prompt places the
+            # history once (from this turn's own sequence it would be a prefix hit: exact)
+            assert previous is not None
             replies = [gen(exact_key, side, max_tokens=SIDE_TOKENS)[0],
                        gen(chained_key, side, side_marked, False, SIDE_TOKENS)[0],
-                       one_hop(f"{tag}-v{s}-{t}", ids + chained, side, side_marked,
+                       one_hop(f"{tag}-v{s}-{t}", previous, side, side_marked,
                                SIDE_TOKENS)[0]]
             answers = tuple(answer_of(decode(r)) for r in replies)
         out.append(ChainTurn(s, t, len(ids), reused, reused_u, agreement(exact, chained),
