@@ -147,19 +147,19 @@ recomputed, 0.97), and on documents cached on their own in both dtypes (0.75 fp3
 bf16); ``GATE_PASSED`` says where it may be on by default.
 ``k16-q0.4`` passed both in bf16 on two AMD hosts (0.93, 0.92) at 0.61-0.67 of a prefill,
 which leaves little of the speed, and missed the rag events' task check on an Intel host
-(0.88, 52 of 59), where whole sessions served with it also drifted (0.91 against 1.00 placed
-once: ``bench segments --chained``). ``k16`` (the default before) computes a quarter of a
-prefill and misses the task check on both (0.79-0.83 and 0.71);
-``EngineConfig(segment_method="k16")`` picks it for speed."""
+(0.88, 52 of 59), where whole sessions served with it, reuse chained turn over turn, agreed
+on 0.91 of the code questions (0.96 placed once: ``bench segments --chained``). ``k16``
+(the default before) computes a quarter of a prefill and misses the task check on both
+(0.79-0.83 and 0.71); ``EngineConfig(segment_method="k16")`` picks it for speed."""
 
 GATE_PASSED: dict[str, frozenset[tuple[str, str]]] = {
     # k16-p0.2 fp32: results/segments-rag-events-avx2-fp32-8527c13.json (57 of 59); bf16:
     #   results/segments-rag-events-avx512-bf16-c5355f2.json (50 of 59, missed, not listed)
     # k16-q0.4 bf16: passed on two AMD hosts (results/segments-rag-events-avx512-bf16-q04-
     #   1796beb.json, 55 of 59; results/segments-rag-events-amd-slow-ec8c679.json, 0.93) and
-    #   missed on an Intel host (results/segments-rag-chained-intel-618e200.json: 52 of 59, and
-    #   0.91 over whole sessions whose reuse chains turn over turn): not listed, since a default
-    #   must pass where users rerun it
+    #   missed on an Intel host (results/segments-rag-chained-intel-618e200.json: 52 of 59;
+    #   whole sessions chained turn over turn 0.91, results/segments-rag-chained-q04-intel-
+    #   1166f0b.json): not listed, since a default must pass where users rerun it
     "rag": frozenset({("k16-p0.2", "float32")}),
 }
 """Workload class -> the (method label, serving dtype) pairs whose issue-14 quality gate passed
