@@ -57,14 +57,11 @@ class ChainTurn:
 
 def agreement(reference: Sequence[int], other: Sequence[int]) -> float:
     """The shared leading tokens' share of the longer reply (1.0 when identical)."""
+    from suffixmem_bench.chat.metrics import common_prefix_len
+
     if list(reference) == list(other):
         return 1.0
-    n = 0
-    for a, b in zip(reference, other, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n / max(len(reference), len(other))
+    return common_prefix_len(reference, other) / max(len(reference), len(other))
 
 
 def chain_session(engine: Any, workload: Any, s: int, code: int,

@@ -28,20 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from suffixmem_bench.chat.metrics import common_prefix_len
 from suffixmem_bench.segment_scenarios import ScenarioPrompt
 
 EVENT_WORKLOADS: tuple[str, ...] = ("overflow", "rag")
 BLOCK = 16  # the torch engine's block size: a prefix-cache hit covers whole blocks
 TASK_CONTINUATION = 24  # "The code of this chat is 4821." and what ends the number
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def shift_event(previous: Sequence[int], ids: Sequence[int], min_run: int = 32
@@ -50,7 +42,7 @@ def shift_event(previous: Sequence[int], ids: Sequence[int], min_run: int = 32
     context shift would find nothing past the prefix-cache hit."""
     from suffixmem.engine.reuse.context_shift import ShiftRun, find_runs
 
-    start = min(_common(previous, ids), len(ids) - 1) // BLOCK * BLOCK
+    start = min(common_prefix_len(previous, ids), len(ids) - 1) // BLOCK * BLOCK
     # the previous sequence's KV lies in whole cached blocks (its last token was never fed)
     cached = previous[:(len(previous) - 1) // BLOCK * BLOCK]
     runs = []
@@ -122,7 +114,7 @@ def rag_event(previous: Sequence[int] | None, ids: Sequence[int],
     the prefix-cache hit. ``seen`` learns this prompt's new passages."""
     from suffixmem.engine.reuse.context_shift import subtract
 
-    start = min(_common(previous, ids), len(ids) - 1) // BLOCK * BLOCK if previous else 0
+    start = min(common_prefix_len(previous, ids), len(ids) - 1) // BLOCK * BLOCK if previous else 0
     fills: list[tuple[list[int], tuple[tuple[int, int], ...]]] = []
     spans: list[tuple[int, int]] = []
     origin: list[tuple[int, int]] = []
