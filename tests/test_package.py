@@ -1,4 +1,5 @@
-"""Importing suffixmem is cheap (no torch, vLLM, LangChain or LlamaIndex until used), and the
+"""Importing suffixmem is cheap (no torch, vLLM, scikit-learn, LangChain or LlamaIndex until
+used: every CLI start, ``--help`` and one-line errors included, pays for what it imports), and the
 packaging holds: the wheel is the ``suffixmem`` package alone, benchmarks are a distribution of
 their own reached only through entry points."""
 
@@ -20,12 +21,25 @@ import pytest
 def test_import_is_light() -> None:
     code = (
         "import sys, json, suffixmem, suffixmem.cli; "
-        "heavy = ['torch', 'vllm', 'transformers', 'langchain_core', 'llama_index']; "
+        "heavy = ['torch', 'vllm', 'transformers', 'sklearn', 'langchain_core', 'llama_index']; "
         "print(json.dumps({m: m in sys.modules for m in heavy}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded == {m: False for m in loaded}, loaded
+
+
+@pytest.mark.parametrize("args", [["--help"], ["nosuch"], ["ask", "   "]])
+def test_a_cli_start_imports_nothing_heavy(args: list[str]) -> None:
+    """``--help`` and a one-line usage error return before any model work: none of the heavy
+    libraries is imported on the way (``-X importtime`` lists every module imported)."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "suffixmem.cli", *args],
+                         capture_output=True, text=True)
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0]
+                for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert len(imported) > 10  # the listing is there
+    heavy = {"torch", "vllm", "transformers", "sklearn", "scipy", "langchain_core", "llama_index"}
+    assert not imported & heavy, imported & heavy
 
 
 def test_lazy_public_names_resolve() -> None:

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.utils import murmurhash3_32
 
 from suffixmem.conversation.topic_text import char_ngrams, word_tokens
 
@@ -111,6 +110,10 @@ def hashed_counts(features: Sequence[str], n_features: int) -> SparseRow:
     ``2**31``, which is what scikit-learn's special case for it computes modulo n_features."""
     if not features:
         return EMPTY
+    # imported here: scikit-learn takes most of a second to import, which every CLI start
+    # (``--help``, a one-line error) would otherwise pay before it needs a single hash
+    from sklearn.utils import murmurhash3_32
+
     hashes = np.fromiter((murmurhash3_32(f, 0) for f in features), np.int64, len(features))
     idx, counts = np.unique(np.abs(hashes) % n_features, return_counts=True)
     return SparseRow(idx, counts.astype(np.float64))
