@@ -155,13 +155,14 @@ def summarize(turns: Sequence[ChainTurn]) -> dict[str, Any]:
 def measure_chain(model: str, threads: int, count: Callable[[str], int],
                   decode: Callable[[list[int]], str], sessions: int, turns: int | None = None,
                   seed: int = 0, progress: Callable[[str], None] | None = None,
-                  method: str | None = None) -> dict[str, Any]:
+                  method: str | None = None, dtype: str | None = None) -> dict[str, Any]:
     """``summarize`` over the first ``sessions`` sessions of the ``rag`` workload (``turns``
     per session, None: the pinned 10) served on a torch engine as users get it: its default
     method for the dtype it serves and the default ``session`` isolation scope (so that a
     one-hop key finds no passage another key computed), a 4,096-token window, ``threads``
-    torch threads; plus that method's label. ``method`` (a ``BlendConfig`` label) replaces
-    the default method."""
+    torch threads; plus that method's label and the dtype served. ``method`` (a
+    ``BlendConfig`` label) replaces the default method; ``dtype`` (``float32``, ``bfloat16``)
+    the engine's default dtype, and with it the default method (``blend.default_blend``)."""
     from suffixmem.engine import create_engine
     from suffixmem_bench.workloads import rag
 
@@ -171,15 +172,17 @@ def measure_chain(model: str, threads: int, count: Callable[[str], int],
     rows: list[ChainTurn] = []
     engine = create_engine("torch", model=model, max_model_len=4096, kv_cache_gib=0.5,
                            extra={"num_threads": threads},
-                           **({"segment_method": method} if method else {}))
+                           **({"segment_method": method} if method else {}),
+                           **({"dtype": dtype} if dtype else {}))
     try:
         blend = engine.reuse.blend  # type: ignore[attr-defined]
         for s in range(sessions):
             say(f"rag chained: session {s + 1} of {sessions} ({blend.label()})")
             rows += chain_session(engine, w, s, rng.randrange(1000, 10000), decode)
+        served = str(engine.stats().extra["dtype"])
     finally:
         engine.close()
-    return {**summarize(rows), "method": blend.label()}
+    return {**summarize(rows), "method": blend.label(), "dtype": served}
 
 
 def chained_verdict(verdict: dict[str, Any], chained: dict[str, Any] | None) -> dict[str, Any]:

@@ -371,7 +371,7 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
 
         events["rag"]["chained"] = measure_chain(model, threads, lambda text: len(encode(text)),
                                                  decode, chained, turns, progress=progress,
-                                                 method=chained_method)
+                                                 method=chained_method, dtype=dtype)
     return {
         "events": events, "workload_defaults": event_defaults(events),
         "setup": {"workloads": list(workloads), "event_sessions": sessions,

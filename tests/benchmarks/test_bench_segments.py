@@ -184,6 +184,7 @@ def test_events_only_replays_just_the_named_workload(model_path) -> None:  # typ
     chained = rag["chained"]
     assert out["setup"]["chained_sessions"] == 1
     assert chained["method"] == default_blend(out["setup"]["dtype"]).label()
+    assert chained["dtype"] == out["setup"]["dtype"]  # served as the events were measured
     assert (chained["sessions"], chained["turns"], chained["task_events"]) == (1, 1, 1)
     assert set(chained["by_turn"]) == {"1"}
     # turn 2 places turn 1's exchange at its new position in both reuse arms
