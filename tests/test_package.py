@@ -17,11 +17,14 @@ from pathlib import Path
 
 import pytest
 
+HEAVY = ("torch", "vllm", "transformers", "sklearn", "scipy", "langchain_core", "llama_index")
+"""Top-level packages that take a second or more to import: loaded only where they are used."""
+
 
 def test_import_is_light() -> None:
     code = (
         "import sys, json, suffixmem, suffixmem.cli; "
-        "heavy = ['torch', 'vllm', 'transformers', 'sklearn', 'langchain_core', 'llama_index']; "
+        f"heavy = {list(HEAVY)!r}; "
         "print(json.dumps({m: m in sys.modules for m in heavy}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -38,8 +41,7 @@ def test_a_cli_start_imports_nothing_heavy(args: list[str]) -> None:
     imported = {line.rsplit("|", 1)[-1].strip().split(".")[0]
                 for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert len(imported) > 10  # the listing is there
-    heavy = {"torch", "vllm", "transformers", "sklearn", "scipy", "langchain_core", "llama_index"}
-    assert not imported & heavy, imported & heavy
+    assert not imported & set(HEAVY), imported & set(HEAVY)
 
 
 def test_lazy_public_names_resolve() -> None:

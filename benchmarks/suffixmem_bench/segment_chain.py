@@ -164,6 +164,7 @@ def measure_chain(model: str, threads: int, count: Callable[[str], int],
     ``BlendConfig`` label) replaces the default method; ``dtype`` (``float32``, ``bfloat16``)
     the engine's default dtype, and with it the default method (``blend.default_blend``)."""
     from suffixmem.engine import create_engine
+    from suffixmem_bench.segment_events import serving_dtype
     from suffixmem_bench.workloads import rag
 
     say = progress or (lambda _m: None)
@@ -179,7 +180,7 @@ def measure_chain(model: str, threads: int, count: Callable[[str], int],
         for s in range(sessions):
             say(f"rag chained: session {s + 1} of {sessions} ({blend.label()})")
             rows += chain_session(engine, w, s, rng.randrange(1000, 10000), decode)
-        served = str(engine.stats().extra["dtype"])
+        served = serving_dtype(engine)
     finally:
         engine.close()
     return {**summarize(rows), "method": blend.label(), "dtype": served}
