@@ -77,7 +77,7 @@ def model_costs(model_path: Any, prompt_tokens: int, dtype_bytes: int = 2) -> di
     """FLOPs of a prefill of ``prompt_tokens`` (matmuls + causal attention, lm_head once) and
     bytes read per decode token (weights + KV of the prompt, ``dtype_bytes`` each), from
     ``config.json``."""
-    from suffixmem.engine.torch.llama import read_config
+    from suffixmem.engine.torch.model_config import read_config
 
     c = read_config(model_path)
     e, hd = c.hidden_size, c.head_dim

@@ -246,7 +246,7 @@ def default_budget_tokens(model: str | None = None, kv_cache_gib: float | None =
     from suffixmem.config import DEFAULT_MODEL, EngineConfig
     from suffixmem.engine.reuse.hook import DEFAULT_BUDGET_SHARE
     from suffixmem.engine.torch.kv_pool import KVPool
-    from suffixmem.engine.torch.llama import read_config
+    from suffixmem.engine.torch.model_config import read_config
     from suffixmem.models import resolve_model
 
     c = read_config(resolve_model(model or DEFAULT_MODEL, progress=False))

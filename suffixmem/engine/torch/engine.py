@@ -37,7 +37,8 @@ from suffixmem.engine.torch.block_pool import BlockPool
 from suffixmem.engine.torch.extension import TorchExtensionAPI
 from suffixmem.engine.torch.grammar import Grammars, available, mask_logits
 from suffixmem.engine.torch.kv_pool import KVPool, torch_dtype
-from suffixmem.engine.torch.llama import Llama, read_config
+from suffixmem.engine.torch.llama import Llama
+from suffixmem.engine.torch.model_config import read_config, stop_token_ids
 from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
 from suffixmem.engine.torch.prefill import chunk_prefill
 from suffixmem.engine.torch.reuse_hook import ReuseHook, ReuseOutcome
@@ -93,7 +94,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                                         config.max_model_len)
         budget = int(config.kv_cache_gib * (1 << 30))
         self._load_tokenizer(self.model_path)
-        self.stop_token_ids = self._stop_token_ids()
+        self.stop_token_ids = stop_token_ids(self.model_path, self.template.eos_token_id)
         self.grammars = Grammars(self.tokenizer, mc.vocab_size, self.stop_token_ids)
         mirror_gib = config.extra.get("decode_mirror_gib")
         if mirror_gib is not None and (isinstance(mirror_gib, bool) or not isinstance(
@@ -143,34 +144,14 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                     documents=config.segment_reuse, context_shift=config.context_shift)
                 if config.segment_reuse:  # its cached segments give way to live requests
                     self.scheduler.reclaim = hook.cache.evict
-            self.tier: TorchTier | None = self._open_tier(config, mc) if config.kv_tier else None
+            self.tier: TorchTier | None = TorchTier.open(
+                config, self.model_path, self.block_size, mc, self.block_pool, self.kv_pool,
+            ) if config.kv_tier else None
             self._generator = torch.Generator().manual_seed(config.seed)
             self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes
             self._per_block_bytes = per_block
 
         self._start_driver("suffixmem-torch", setup)
-
-    def _open_tier(self, config: EngineConfig, mc: Any) -> TorchTier:
-        from suffixmem.config import kv_tier_dir
-        from suffixmem.engine.kv_tier import KVTier, model_fingerprint
-
-        fp = model_fingerprint(self.model_path, config.dtype, self.block_size, mc.num_layers,
-                               mc.num_kv_heads, mc.head_dim)
-        tier = KVTier(kv_tier_dir(config.kv_tier_dir), fp, int(config.kv_tier_gib * (1 << 30)),
-                      config.kv_tier_policy)
-        return TorchTier(tier, self.block_pool, self.kv_pool)
-
-    def _stop_token_ids(self) -> frozenset[int]:
-        ids = {self.template.eos_token_id}
-        try:
-            from transformers import GenerationConfig
-
-            gen = GenerationConfig.from_pretrained(str(self.model_path))
-            eos = gen.eos_token_id
-            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        except OSError:  # no generation_config.json: the tokenizer's eos is enough
-            pass
-        return frozenset(int(i) for i in ids if i is not None)
 
     # -- requests -------------------------------------------------------------------------------
     def _prepare(self, request: Request, prompt_ids: list[int]) -> Sequence:

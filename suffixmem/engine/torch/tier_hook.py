@@ -16,12 +16,15 @@ Runs in the driver thread only.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
-from suffixmem.engine.kv_tier import KVTier
+from suffixmem.config import EngineConfig, kv_tier_dir
+from suffixmem.engine.kv_tier import KVTier, model_fingerprint
 from suffixmem.engine.torch.block_pool import Block, BlockHash, BlockPool
 from suffixmem.engine.torch.kv_pool import KVPool
+from suffixmem.engine.torch.model_config import ModelConfig
 from suffixmem.engine.torch.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,17 @@ class TorchTier:
         self.bs = kv_pool.block_size
         self.loaded_tokens = 0
         block_pool.on_evict = self.spill
+
+    @classmethod
+    def open(cls, config: EngineConfig, model_path: Path, block_size: int, mc: ModelConfig,
+             block_pool: BlockPool, kv_pool: KVPool) -> TorchTier:
+        """The tier of ``config`` (its folder, budget and policy) for this model, dtype and
+        block shape: the fingerprint keeps another model's or layout's blocks out."""
+        fp = model_fingerprint(model_path, config.dtype, block_size, mc.num_layers,
+                               mc.num_kv_heads, mc.head_dim)
+        tier = KVTier(kv_tier_dir(config.kv_tier_dir), fp, int(config.kv_tier_gib * (1 << 30)),
+                      config.kv_tier_policy)
+        return cls(tier, block_pool, kv_pool)
 
     # -- tensors <-> bytes ----------------------------------------------------------------------
     def _payload(self, block_id: int) -> bytes:
