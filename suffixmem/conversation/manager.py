@@ -45,7 +45,7 @@ from suffixmem.conversation.layout import LAYOUTS, Layout
 from suffixmem.conversation.locks import SessionBusyError, SessionLocks
 from suffixmem.conversation.manager_config import ManagerConfig, SessionInfo
 from suffixmem.conversation.reconcile import check_messages, reconcile
-from suffixmem.conversation.records import NewMessage, NewSession
+from suffixmem.conversation.records import NewMessage, NewSession, totals
 from suffixmem.conversation.store import Store
 from suffixmem.conversation.temperature import scheme_for, session_range
 from suffixmem.conversation.topic import (
@@ -374,21 +374,7 @@ class ConversationManager(TurnPath):
         """Totals from the committed turns' events (one session, or all)."""
         if session_id is not None:
             self.store.require_session(session_id)
-        events = self.store.turn_events(session_id)
-        prompt = sum(e.prompt_tokens for e in events)
-        cached = sum(e.cached_tokens for e in events)
-        n = len(events)
-        out: dict[str, Any] = {
-            "turns": n,
-            "prompt_tokens": prompt,
-            "cached_tokens": cached,
-            "output_tokens": sum(e.output_tokens for e in events),
-            "hit_rate": cached / prompt if prompt else 0.0,
-            "mean_ttft_s": sum(e.ttft_s for e in events) / n if n else 0.0,
-            "mean_latency_s": sum(e.latency_s for e in events) / n if n else 0.0,
-            "topic_jumps": sum(1 for e in events if e.topic_jump),
-            "evicted_turns": sum(e.evicted_turns for e in events),
-        }
+        out = totals(self.store.turn_events(session_id))
         if session_id is not None:
             out["session_id"] = session_id
             out["temperature"] = self.store.require_session(session_id).temperature

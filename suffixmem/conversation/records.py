@@ -5,8 +5,10 @@ Times are timezone-aware UTC (``aware`` fixes SQLite's naive datetimes on the wa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from suffixmem.engine.protocol import Message
 
@@ -76,6 +78,25 @@ class TurnEvent:
     evicted_turns: int = 0
     finish_reason: str = "stop"
     request_id: str | None = None
+
+
+def totals(events: Sequence[TurnEvent]) -> dict[str, Any]:
+    """What ``ConversationManager.stats`` reports of committed turns: token sums, the share
+    of prompt tokens served from cache, mean times, jumps and evicted turns."""
+    prompt = sum(e.prompt_tokens for e in events)
+    cached = sum(e.cached_tokens for e in events)
+    n = len(events)
+    return {
+        "turns": n,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "output_tokens": sum(e.output_tokens for e in events),
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "mean_ttft_s": sum(e.ttft_s for e in events) / n if n else 0.0,
+        "mean_latency_s": sum(e.latency_s for e in events) / n if n else 0.0,
+        "topic_jumps": sum(1 for e in events if e.topic_jump),
+        "evicted_turns": sum(e.evicted_turns for e in events),
+    }
 
 
 @dataclass(slots=True, frozen=True)
