@@ -213,7 +213,7 @@ class TopicDetector:
     def signals(self, state: TopicState, message: str) -> tuple[float, list[float]] | None:
         """(similarity, feature vector ordered as the signal model's ``features``) of
         ``message`` against the topic in ``state``; None before any turn."""
-        found = self._signals(state, message)
+        found = self._signals(state, message, content_chars(message))
         if found is not None and self.gain is not None:
             found[1].append(self._gain(state, message))
         return found
@@ -222,9 +222,11 @@ class TopicDetector:
         assert self.gain is not None
         return self.gain(state.last_turn, message) if state.last_turn is not None else 0.0
 
-    def _signals(self, state: TopicState, message: str) -> tuple[float, list[float]] | None:
+    def _signals(self, state: TopicState, message: str, letters: int
+                 ) -> tuple[float, list[float]] | None:
         """``signals`` without the context gain (the costly one: computed only for messages
-        that reach the signal model)."""
+        that reach the signal model); ``letters`` is ``content_chars(message)``, which
+        ``observe_user`` needs too."""
         if state.turns == 0 or state.char is None:
             return None
         c, w = self._vectors(state, message)
@@ -233,7 +235,6 @@ class TopicDetector:
         unseen = c.data[state.char_df.values_at(c.indices) == 0].tolist() if c.nnz else []
         novelty = float(sum(v * v for v in unseen))
         drop = sum(state.sims) / len(state.sims) - sim if state.sims else 0.0
-        letters = content_chars(message)
         before = content_chars(state.last_turn[0]) if state.last_turn is not None else letters
         return sim, [sim, drop, novelty, math.log1p(letters) / 5.0,
                      float(continues_topic(message)), float(is_question(message)),
@@ -242,13 +243,13 @@ class TopicDetector:
     def observe_user(self, state: TopicState, message: str) -> TopicVerdict:
         """Is ``message`` a jump from the topic in ``state``? (``state`` only remembers the
         message's similarity, so that ``add_turn`` need not compute it again.)"""
-        found = self._signals(state, message) if self.model is not None else None
+        content = content_chars(message)
+        found = self._signals(state, message, content) if self.model is not None else None
         sim = found[0] if found is not None else self.similarity(state, message)
         if sim is None:
             return TopicVerdict(False, None, reason="first turn")
         state.observed = (message, sim)
         cfg = self.config
-        content = content_chars(message)
         if content < cfg.min_content:
             return TopicVerdict(False, sim, reason="too little content")
         if has_shift_marker(message):
