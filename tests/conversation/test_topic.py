@@ -175,7 +175,8 @@ def test_bench_json_shape() -> None:
     r = json.loads(json.dumps(run_topics(8, 0, ["english", "chinese"])))
     assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural",
                                   "natural-fresh", "natural-blind", "natural-blind2",
-                                  "natural-blind3", "natural-blind4"}
+                                  "natural-blind3", "natural-blind4", "natural-blind5",
+                                  "natural-blind6"}
     for d in r["datasets"].values():
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "length_f1", "turns",
                           "jumps"}
@@ -202,17 +203,34 @@ def test_bench_json_shape() -> None:
         NATURAL_BLIND2,
         NATURAL_BLIND3,
         NATURAL_BLIND4,
+        NATURAL_BLIND5,
+        NATURAL_BLIND6,
         NATURAL_FRESH,
     )
 
     fresh = (load_natural(NATURAL_FRESH) + load_natural(NATURAL_BLIND)
              + load_natural(NATURAL_BLIND2) + load_natural(NATURAL_BLIND3)
-             + load_natural(NATURAL_BLIND4))
-    assert len(fresh) >= 174 and all(7 <= len(s) <= 16 for s in fresh)
+             + load_natural(NATURAL_BLIND4) + load_natural(NATURAL_BLIND5)
+             + load_natural(NATURAL_BLIND6))
+    assert len(fresh) >= 254 and all(7 <= len(s) <= 16 for s in fresh)
     scored = {q for s in natural + fresh for q, _, _ in s if len(q) >= 20}
     assert not scored & {q for s in tune for q, _, _ in s}
     assert set(r["model"]) >= {"sim", "novelty", "bias", "cutoff"}
     assert r["session_construction"] == "contiguous"
+
+
+def test_relabelled_returns_keep_their_writers_label() -> None:
+    """natural-blind5 and -6 were written with returns labelled not jumps; each turn relabelled
+    to the other sets' convention keeps its writer's label (``topic_sets``' docstring)."""
+    relabelled = {}
+    for name in ("natural_blind5", "natural_blind6"):
+        rows = [json.loads(line) for line in
+                (BENCH / "suffixmem_bench" / "data" / f"{name}.jsonl").read_text().splitlines()]
+        turns = [t for r in rows for t in r["turns"]]
+        assert all(t["jump"] and t["helper_jump"] is False for t in turns if "helper_jump" in t)
+        assert not any(t["jump"] for r in rows for t in r["turns"][:1])
+        relabelled[name] = sum("helper_jump" in t for t in turns)
+    assert relabelled == {"natural_blind5": 14, "natural_blind6": 22}
 
 
 def test_tuning_sessions_copy_no_scored_session() -> None:
