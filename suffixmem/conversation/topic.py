@@ -57,9 +57,11 @@ from suffixmem.conversation.temperature import (  # noqa: F401
     SemanticTemperature,
 )
 from suffixmem.conversation.topic_cues import (
+    adds_to_topic,
     continues_topic,
     has_shift_marker,
     is_acknowledgement,
+    returns_to_topic,
 )
 from suffixmem.conversation.topic_signals import (
     DEFAULT_MODEL,
@@ -252,7 +254,11 @@ class TopicDetector:
         cfg = self.config
         if content < cfg.min_content:
             return TopicVerdict(False, sim, reason="too little content")
+        if returns_to_topic(message):  # leaves the current subject for an earlier one
+            return TopicVerdict(sim < cfg.marker_ceiling, sim, reason="return")
         if has_shift_marker(message):
+            if adds_to_topic(message):  # "by the way, does that work on a couch too"
+                return TopicVerdict(False, sim, reason="shift marker, adding")
             return TopicVerdict(sim < cfg.marker_ceiling, sim, reason="shift marker")
         if is_acknowledgement(message):
             return TopicVerdict(False, sim, reason="reaction")

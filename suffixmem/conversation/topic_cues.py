@@ -5,11 +5,18 @@ conjunction or a question word ("and", "why", "what about", "und", "y", "那", "
 back with a pronoun ("is it", "sind sie", "它"); a speaker who leaves the subject often says so
 ("by the way", "unrelated question", "übrigens", "por cierto", "顺便问一下", "ところで").
 
+A speaker who comes back to an earlier subject says that too ("back to the python thing",
+"zurück zur Steuer", "回到红烧肉", "京都の話に戻りますが", "다시 제주 얘기인데"): the current
+subject ends there, as after a shift marker (the benchmark's conversation sets label a return
+after an unrelated stretch a jump); one who marks a shift but adds to the subject ("by the way,
+does that work on a couch too", "übrigens, gilt das auch für ...") stays on it.
+
 A message that only acknowledges the answer ("thanks", "got it", "merci", "спасибо", "ありがとう")
 reacts to the topic and never opens a new one.
 
-``has_shift_marker(text)``, ``continues_topic(text)`` and ``is_acknowledgement(text)`` match
-lower-cased text: phrases of spaced languages on word boundaries, CJK phrases as substrings.
+``has_shift_marker(text)``, ``returns_to_topic(text)``, ``adds_to_topic(text)``,
+``continues_topic(text)`` and ``is_acknowledgement(text)`` match lower-cased text: phrases of
+spaced languages on word boundaries, CJK phrases as substrings.
 """
 
 from __future__ import annotations
@@ -52,6 +59,46 @@ SHIFT_MARKERS: tuple[str, ...] = (
     "ところで", "話は変わ", "別の質問", "話題を変え", "関係ないけど", "全然違う", "ちなみに",
     # Korean
     "그건 그렇고", "다른 질문", "주제를 바꿔", "그나저나", "다른 얘기", "다른 이야기", "딴 얘기",
+)
+
+# a speaker coming back to an earlier subject: spaced phrases count at the start of a clause
+# (up to two words before them: "ok back to severance", "Entendido. Volviendo al portátil"),
+# since later in one they describe ("should i go back to school"); CJK phrases anywhere. Only
+# verbs of returning: "what you said earlier", "さっきの", "刚才说的" mostly point at the last
+# answer, within the subject
+RETURN_MARKERS: tuple[str, ...] = (
+    # English
+    "back to", "going back to", "coming back to", "getting back to", "returning to",
+    # German / Dutch / Swedish
+    "zurück zu", "zurück zur", "zurück zum", "zurückkommend auf", "nochmal zu", "noch mal zu",
+    "terug naar", "terugkomend op", "om terug te komen op", "tillbaka till",
+    # Spanish / Portuguese / Italian / French
+    "volviendo a", "volviendo al", "volvamos a", "volvamos al", "retomando",
+    "voltando a", "voltando ao", "voltando à", "tornando a", "tornando al", "tornando alla",
+    "tornando ai", "tornando sul", "torniamo a", "ritornando a",
+    "pour revenir à", "pour revenir au", "pour revenir sur", "revenons à", "revenons au",
+    "je reviens à", "je reviens sur",
+    # Russian / Ukrainian / Polish / Czech / Turkish
+    "возвращаясь к", "вернёмся к", "вернемся к", "повертаючись до", "повернімося до",
+    "wracając do", "wróćmy do", "zpět k", "konuya dönersek", "konuya dönecek olursak",
+    # Vietnamese / Indonesian
+    "quay lại", "trở lại với", "kembali ke",
+    # Chinese
+    "说回", "說回",
+    # Japanese
+    "話に戻", "話を戻", "件に戻",
+    # Korean
+    "얘기로 돌아", "이야기로 돌아", "돌아가서",
+)
+# "回到" is also coming home ("回到家"), so it counts where no place follows
+_CHINESE_RETURN = re.compile(r"回到(?!家|公司|学校|學校|国|國|老家|宿舍|酒店)")
+# "다시 제주 얘기인데": Korean names the subject between "again" and "talk"
+_KOREAN_RETURN = re.compile(r"다시\s+\S{1,12}\s*(얘기|이야기)(인데|로|는)")
+# additive words: a marked shift that says "also" or "too" adds to the subject it is on
+ADDITIVES: tuple[str, ...] = (
+    "too", "also", "as well", "the same", "same", "auch", "ebenfalls", "también", "tambien",
+    "aussi", "également", "anche", "também", "tambem", "ook", "också", "też", "także",
+    "тоже", "также", "теж", "також", "也", "同じ", "같은",
 )
 
 # a message that opens with one of these builds on what was said before
@@ -160,6 +207,13 @@ _OPENER = _pattern(CONTINUATION_OPENERS, anchored=True)
 _ANAPHORA = _pattern(ANAPHORA, anchored=False)
 _ACK = _pattern(ACKNOWLEDGEMENTS, anchored=True)
 _THANKS = _pattern(THANKS, anchored=False)
+_ADDITIVE = _pattern(ADDITIVES, anchored=False)
+_SPACED_RETURNS = sorted((p for p in RETURN_MARKERS if not CJK_CHAR.search(p)), key=len,
+                         reverse=True)
+_RETURN = re.compile(
+    r"(?:^|[.!?;:,。！？；：，、]\s*)(?:[^\W\d_]+\W+){0,2}?(?:"
+    + "|".join(re.escape(p) for p in _SPACED_RETURNS) + r")(?!\w)"
+    + "|" + "|".join(re.escape(p) for p in RETURN_MARKERS if CJK_CHAR.search(p)))
 
 
 def _clean(text: str) -> str:
@@ -170,6 +224,18 @@ def _clean(text: str) -> str:
 def has_shift_marker(text: str) -> bool:
     """Whether ``text`` says it changes the subject ("by the way", "übrigens", "顺便问一下")."""
     return _SHIFT.search(_clean(text)) is not None
+
+
+def returns_to_topic(text: str) -> bool:
+    """Whether ``text`` says it comes back to an earlier subject ("back to the python thing",
+    "Volviendo al portátil", "回到红烧肉", "肉じゃがの話に戻りますが", "다시 제주 얘기인데")."""
+    t = _clean(text)
+    return any(p.search(t) is not None for p in (_RETURN, _CHINESE_RETURN, _KOREAN_RETURN))
+
+
+def adds_to_topic(text: str) -> bool:
+    """Whether ``text`` says it adds to the subject ("too", "also", "auch", "也", "同じ")."""
+    return _ADDITIVE.search(_clean(text)) is not None
 
 
 def continues_topic(text: str) -> bool:

@@ -22,9 +22,11 @@ from suffixmem.conversation.topic import (
     default_detector,
 )
 from suffixmem.conversation.topic_cues import (
+    adds_to_topic,
     continues_topic,
     has_shift_marker,
     is_acknowledgement,
+    returns_to_topic,
 )
 from suffixmem.errors import ConfigError
 
@@ -100,6 +102,32 @@ def test_cues_beyond_the_tuning_languages() -> None:
     for text in ("Как поменять масло в машине?", "Quali sono le montagne più alte d'Italia?",
                  "겨울에 김장은 언제 해"):
         assert not continues_topic(text) and not has_shift_marker(text), text
+
+
+def test_returns_and_marked_additions() -> None:
+    """A return to an earlier subject leaves the current one (a jump, as the conversation sets
+    label it); a marked shift that adds to the subject ("too", "auch", "也") stays on it."""
+    for text in ("ok back to the visa question, do I need a photo?", "Going back to the tiles:",
+                 "Zurück zum Umzug: wann kündige ich?", "Entendido. Volviendo a la receta",
+                 "说回装修，瓷砖选哪种", "さっきの保険の話に戻るけど", "다시 이사 얘기인데요",
+                 "Возвращаясь к ремонту, какую краску взять?", "Pour revenir au devis ?"):
+        assert returns_to_topic(text), text
+    # "back to" later in a clause describes; coming home is not coming back to a subject
+    for text in ("should i go back to school at 30?", "I want to get back to running after surgery",
+                 "回到家发现冰箱漏水了怎么办", "What is the capital of Peru?"):
+        assert not returns_to_topic(text), text
+    assert adds_to_topic("by the way, does that work for the older model too?")
+    assert adds_to_topic("übrigens, gilt das auch für Kinder?")
+    assert adds_to_topic("顺便问一下，猫也能吃吗")
+    assert not adds_to_topic("by the way, how do I renew a passport?")
+    d = default_detector()
+    state = d.replay([("How often should I water a cactus?", "About every two to three weeks."),
+                      ("Unrelated question: how do I renew my passport?", "Apply online.")])
+    back = d.observe_user(state, "Back to the cactus: does it need sun in winter?")
+    assert back.jump and back.reason == "return"
+    state = d.replay([("How often should I water a cactus?", "About every two to three weeks.")])
+    adding = d.observe_user(state, "By the way, is that true for my aloe as well?")
+    assert not adding.jump and adding.reason == "shift marker, adding"
 
 
 def test_acknowledgements_are_reactions_never_jumps() -> None:
