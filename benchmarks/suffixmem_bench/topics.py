@@ -43,7 +43,11 @@ from suffixmem.conversation.topic import (
     signal_name,
 )
 from suffixmem.conversation.topic_corpus import available_languages, load_topics
-from suffixmem.conversation.topic_cues import has_shift_marker, is_acknowledgement
+from suffixmem.conversation.topic_cues import (
+    has_shift_marker,
+    is_acknowledgement,
+    returns_to_topic,
+)
 from suffixmem.conversation.topic_signals import EXTRA_FEATURES, SignalModel
 from suffixmem_bench.measure import peak_rss_mb
 from suffixmem_bench.topic_scoring import (
@@ -73,8 +77,8 @@ CUTOFFS = [round(0.05 * i, 2) for i in range(2, 17)]  # 0.1 .. 0.8
 def teacher_features(detector: TopicDetector, sessions: Sequence[Session],
                      ) -> tuple[list[list[float]], list[bool]]:
     """Signal features of every turn the model decides (not a first turn, not too short, no
-    shift marker, not an acknowledgement), each against the true history (the state follows
-    the true jumps)."""
+    shift marker, no return to an earlier subject, not an acknowledgement), each against the
+    true history (the state follows the true jumps)."""
     xs: list[list[float]] = []
     ys: list[bool] = []
     for session in sessions:
@@ -82,7 +86,8 @@ def teacher_features(detector: TopicDetector, sessions: Sequence[Session],
         for i, (q, a, jump) in enumerate(session):
             found = detector.signals(state, q) if i else None
             if (found is not None and content_chars(q) >= detector.config.min_content
-                    and not has_shift_marker(q) and not is_acknowledgement(q)):
+                    and not has_shift_marker(q) and not returns_to_topic(q)
+                    and not is_acknowledgement(q)):
                 xs.append(found[1])
                 ys.append(jump)
             detector.add_turn(state, q, a, jump)

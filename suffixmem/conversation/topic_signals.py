@@ -117,15 +117,16 @@ class SignalModel:
 
 
 # fitted by `suffixmem bench topics` (seed 0: 120 English chatterbot tuning sessions and the 60
-# natural tuning sessions in 20 languages; acknowledgements and shift markers decided before
-# the model, as in serving; combining marks count as letters, kana as two); cutoff: the
-# smallest worst regret over the two tuning sets; their mean F1 0.555.
-# results/topics/intel-*.json reports it. With ``rel_length`` the absolute ``length`` weight
-# fell from 4.44 to about 0 and the length ratio carries it. Without ``rel_length`` (until
-# 2026-12-05, mean tuning F1 0.519): weights (-3.095, 3.5949, 0.386, 4.4374, -1.7311,
-# -0.3609), bias -3.9673, cutoff 0.25; docs/conversation.md compares the two.
+# natural tuning sessions in 20 languages; acknowledgements, shift markers and returns to an
+# earlier subject decided before the model, as in serving; combining marks count as letters,
+# kana as two); cutoff: the smallest worst regret over the two tuning sets; their mean F1
+# 0.557. results/topics/amd-*.json reports it. Refitted on 2026-12-06 when returns left the
+# model's turns (8 tuning turns; before: weights (-3.2389, 4.3116, 0.3347, -0.1843, -1.5854,
+# -0.0837, 1.3378), bias -1.3562, mean tuning F1 0.555). With ``rel_length`` (2026-12-05)
+# the absolute ``length`` weight fell from 4.44 to about 0 and the length ratio carries it;
+# docs/conversation.md compares the two.
 DEFAULT_MODEL = SignalModel(
-    weights=(-3.2389, 4.3116, 0.3347, -0.1843, -1.5854, -0.0837, 1.3378), bias=-1.3562,
+    weights=(-2.8544, 4.3108, 0.589, -0.4381, -1.8222, -0.102, 1.2867), bias=-1.4295,
     cutoff=0.25,
 )
 
