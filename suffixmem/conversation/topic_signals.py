@@ -131,24 +131,26 @@ DEFAULT_MODEL = SignalModel(
 )
 
 # fitted with `bench topics --context-gain` (seed 0, the same tuning sessions as DEFAULT_MODEL;
-# results/topics/context-gain-intel-04cbe1e.json, bf16 forwards on an Intel Xeon host): with
-# the gain, the similarity's own weight shrinks and its drop below the topic's earlier
+# results/topics/context-gain-amd-0ec8b57.json, bf16 forwards on an AMD EPYC host): with the
+# gain, the similarity's own weight shrinks and its drop below the topic's earlier
 # similarities, the follow-up cue and the length ratio carry the rest. Cutoff 0.35, the
-# smallest worst regret over the tuning sets; their mean F1 0.695 (0.677 without
-# ``rel_length``, when the weights were (-1.4261, 2.2431, -0.5994, 2.9861, -1.3216, -0.0171,
-# -2.0865), bias -1.3696).
+# smallest worst regret over the tuning sets; their mean F1 0.716. Refitted on 2026-12-06 with
+# returns left out of the model's turns (before, fitted on an Intel Xeon host: weights
+# (-1.625, 3.0858, -0.6006, -0.7078, -1.3292, 0.134, 1.1681, -2.0273), bias 0.589, mean
+# tuning F1 0.695).
 GAIN_MODEL = SignalModel(
-    weights=(-1.625, 3.0858, -0.6006, -0.7078, -1.3292, 0.134, 1.1681, -2.0273), bias=0.589,
+    weights=(-1.183, 3.0875, -0.2906, -1.0263, -1.6033, 0.1242, 1.113, -2.0387), bias=0.5052,
     cutoff=0.35, features=GAIN_FEATURES,
 )
 
 # fitted with `bench topics --hidden-similarity` (seed 0, the same tuning sessions as
-# DEFAULT_MODEL; layer 12, the first 24 tokens of each message; bf16 forwards on an Intel Xeon
-# host; results/topics/hidden-intel-*.json): the hidden cosine with the last user message
+# DEFAULT_MODEL; layer 12, the first 24 tokens of each message; bf16 forwards on an AMD EPYC
+# host; results/topics/hidden-amd-0ec8b57.json): the hidden cosine with the last user message
 # weighs against a jump, beside the TF-IDF signals. Cutoff 0.25, the smallest worst regret over
-# the tuning sets; their mean F1 0.595 (0.622 without ``rel_length``, when the weights were
-# (-2.5412, 2.9177, 0.3916, 4.2855, -1.7942, -0.0222, -6.5176), bias 1.5947).
+# the tuning sets; their mean F1 0.603. Refitted on 2026-12-06 with returns left out of the
+# model's turns (before, fitted on an Intel Xeon host: weights (-2.8914, 3.6793, 0.3132,
+# 0.5101, -1.6859, 0.1154, 1.1282, -5.0099), bias 2.5105, mean tuning F1 0.595).
 HIDDEN_MODEL = SignalModel(
-    weights=(-2.8914, 3.6793, 0.3132, 0.5101, -1.6859, 0.1154, 1.1282, -5.0099), bias=2.5105,
+    weights=(-2.5038, 3.6789, 0.5514, 0.2162, -1.9246, 0.1067, 1.0806, -5.1595), bias=2.5961,
     cutoff=0.25, features=HIDDEN_FEATURES,
 )
