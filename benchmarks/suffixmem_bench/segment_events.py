@@ -310,16 +310,21 @@ def check_event_workloads(names: Sequence[str]) -> None:
                          f"{', '.join(EVENT_WORKLOADS)}")
 
 
-def serving_engine(model: str, threads: int) -> Any:
-    """The torch engine ``bench segments`` replays and times through (its default dtype,
-    ``auto``: bf16 with AVX-512 BF16 or CUDA, else fp32; a 4,096-token window, a 0.5 GiB pool,
-    ``threads`` torch threads). ``public-prefix`` scope, so that the ``shared`` segments one
+SERVE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def serving_engine(model: str, threads: int, dtype: str = "auto") -> Any:
+    """The torch engine ``bench segments`` replays and times through (``dtype``: by default
+    ``auto``, bf16 with AVX-512 BF16 or CUDA, else fp32; ``float32`` replays on any host what
+    a host without AVX-512 BF16 serves; a 4,096-token window, a 0.5 GiB pool, ``threads``
+    torch threads). ``public-prefix`` scope, so that the ``shared`` segments one
     prompt computed serve the next (another session key); the bench's segments never start
     at position 0, so no prefix-cache block is shared."""
     from suffixmem.engine import create_engine
 
     return create_engine("torch", model=model, max_model_len=4096, kv_cache_gib=0.5,
-                         isolation="public-prefix", extra={"num_threads": threads})
+                         isolation="public-prefix", dtype=dtype,
+                         extra={"num_threads": threads})
 
 
 def serving_dtype(engine: Any) -> str:
@@ -333,14 +338,16 @@ def serving_dtype(engine: Any) -> str:
 def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None,
                methods: Sequence[str] | None = None, model: str | None = None, threads: int = 1,
                continuation: int = 48, progress: Callable[[str], None] | None = None,
-               chained: int = 0, chained_method: str | None = None) -> dict[str, Any]:
+               chained: int = 0, chained_method: str | None = None,
+               serve_dtype: str = "auto") -> dict[str, Any]:
     """Only the reuse events of ``workloads`` (``bench segments --events``): a larger replay
     than the whole bench affords (``sessions``, ``turns`` per session; None: the workload's
     pinned turns), every method of ``methods`` (labels; None: all) on them. JSON: ``events``
     and ``workload_defaults`` as in the whole bench, for those workloads only, and ``setup``.
     ``chained > 0`` (with ``rag``): also ``events.rag.chained``, that many whole sessions
     served with the engine's own method (or ``chained_method``, a label), reuse chained turn
-    over turn (``segment_chain``)."""
+    over turn (``segment_chain``). ``serve_dtype``: the dtype the engine serves, and with it
+    the replay's and the chained sessions' (``SERVE_DTYPES``)."""
     import time
 
     import torch
@@ -357,7 +364,7 @@ def run_events(workloads: Sequence[str], sessions: int, turns: int | None = None
     model = model or DEFAULT_MODEL
     path, encode, decode = model_codec(model)
     method_list = [parse_method(m) for m in methods] if methods else blends()
-    engine = serving_engine(model, threads)
+    engine = serving_engine(model, threads, serve_dtype)
     dtype = serving_dtype(engine)
     try:
         llama = Llama.from_pretrained(path, torch_dtype(dtype))

@@ -263,6 +263,10 @@ def register(bench: typer.Typer) -> None:
         chained_method: str = typer.Option(
             "", help="The method of the --chained sessions (a label such as k16); empty: the "
                      "engine's default for its dtype."),
+        serve_dtype: str = typer.Option(
+            "auto", help="With --events: the dtype the torch engine serves and the replay "
+                         "measures (auto: bf16 with AVX-512 BF16, else fp32; float32 replays "
+                         "what a host without AVX-512 BF16 serves)."),
         model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -277,7 +281,11 @@ def register(bench: typer.Typer) -> None:
         console = Console()
         say = None if as_json else lambda m: console.print(f"[dim]{m}[/]")
         if events:
-            from suffixmem_bench.segment_events import check_event_workloads, run_events
+            from suffixmem_bench.segment_events import (
+                SERVE_DTYPES,
+                check_event_workloads,
+                run_events,
+            )
             from suffixmem_bench.segment_scenarios import parse_method
 
             names = [w.strip() for w in events.split(",") if w.strip()]
@@ -287,6 +295,9 @@ def register(bench: typer.Typer) -> None:
                 raise typer.BadParameter(f"--events {events!r}: {e}") from None
             if event_sessions < 1:
                 raise typer.BadParameter("--events needs --event-sessions >= 1")
+            if serve_dtype not in SERVE_DTYPES:
+                raise typer.BadParameter(f"--serve-dtype {serve_dtype!r}: one of "
+                                         f"{', '.join(SERVE_DTYPES)}")
             if chained and "rag" not in names:
                 raise typer.BadParameter("--chained measures rag sessions: add rag to --events")
             if chained_method:
@@ -297,7 +308,8 @@ def register(bench: typer.Typer) -> None:
             with quiet_stdout(as_json), RunContext(threads) as ctx:
                 result = run_events(names, event_sessions, event_turns or None,
                                     methods.split() or None, model, threads, progress=say,
-                                    chained=chained, chained_method=chained_method or None)
+                                    chained=chained, chained_method=chained_method or None,
+                                    serve_dtype=serve_dtype)
             result.update(ctx.fields())
             if as_json:
                 print(json.dumps(result))
@@ -308,6 +320,9 @@ def register(bench: typer.Typer) -> None:
             return
         if chained:
             raise typer.BadParameter("--chained goes with --events rag")
+        if serve_dtype != "auto":
+            raise typer.BadParameter("--serve-dtype goes with --events (the whole bench "
+                                     "serves the engine's own dtype; --dtype sets its grid's)")
         with quiet_stdout(as_json), RunContext(threads) as ctx:
             result = run_segments(
                 [int(x) for x in k.split(",")], [float(x) for x in r.split(",")], prompts,
