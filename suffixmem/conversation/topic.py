@@ -16,8 +16,10 @@ knows no list of topics and learns nothing at run time beyond the session's own 
 3. **Conversation signals.** A message that opens with a continuation cue or, when short,
    refers back with a pronoun ("what about its ...", "und warum?", "那第二个呢") reads as a
    follow-up; an explicit shift marker ("by the way", "unrelated question", "übrigens",
-   "顺便问一下", ...) is a jump unless the message is plainly about the same subject. Fewer
-   than ``min_content`` letters ("ok", "why?") is never a jump.
+   "顺便问一下", ...) is a jump unless the message is plainly about the same subject or adds
+   to it ("btw does that work on a couch too"), and so is a message that says it returns to
+   an earlier subject ("back to the python thing", "回到红烧肉"). Fewer than
+   ``min_content`` letters ("ok", "why?") is never a jump.
 4. **One decision over all signals** (``topic_signals``): the similarity, its drop below the
    similarities the topic's own turns had (a per-session threshold), the share of the message
    on n-grams the session never used, its length, follow-up cue and question form, and its
@@ -84,7 +86,8 @@ class TopicVerdict:
     """The detector's answer for one user turn. ``similarity``: the TF-IDF similarity with the
     topic so far, in [0, 1] (``None`` on a session's first turn); ``probability``: the signal
     model's P(jump) when it decided; ``reason``: which rule decided ("first turn", "signals",
-    "threshold", "follow-up", "reaction", "shift marker", "too little content")."""
+    "threshold", "follow-up", "reaction", "shift marker", "shift marker, adding", "return",
+    "too little content")."""
 
     jump: bool
     similarity: float | None
