@@ -153,7 +153,8 @@ on 0.91 of the code questions (0.96 placed once: ``bench segments --chained``). 
 (0.79-0.83 and 0.71); ``EngineConfig(segment_method="k16")`` picks it for speed."""
 
 GATE_PASSED: dict[str, frozenset[tuple[str, str]]] = {
-    # k16-p0.2 fp32: results/segments-rag-events-avx2-fp32-8527c13.json (57 of 59); whole
+    # k16-p0.2 fp32: results/segments-rag-events-avx2-fp32-8527c13.json (57 of 59), again on an
+    #   AVX-512 host: results/segments-rag-events-fp32-amd-6fbbf8a.json (57 of 59); whole
     #   sessions chained: results/segments-rag-chained-fp32-amd-594110b.json (51 of 54); bf16:
     #   results/segments-rag-events-avx512-bf16-c5355f2.json (50 of 59, missed, not listed)
     # k16-q0.4 bf16: passed on two AMD hosts (results/segments-rag-events-avx512-bf16-q04-
