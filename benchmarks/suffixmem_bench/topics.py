@@ -38,16 +38,10 @@ from suffixmem.conversation.topic import (
     Featurizer,
     TopicDetector,
     TopicState,
-    content_chars,
     default_detector,
     signal_name,
 )
 from suffixmem.conversation.topic_corpus import available_languages, load_topics
-from suffixmem.conversation.topic_cues import (
-    has_shift_marker,
-    is_acknowledgement,
-    returns_to_topic,
-)
 from suffixmem.conversation.topic_signals import EXTRA_FEATURES, SignalModel
 from suffixmem_bench.measure import peak_rss_mb
 from suffixmem_bench.topic_scoring import (
@@ -76,18 +70,16 @@ CUTOFFS = [round(0.05 * i, 2) for i in range(2, 17)]  # 0.1 .. 0.8
 
 def teacher_features(detector: TopicDetector, sessions: Sequence[Session],
                      ) -> tuple[list[list[float]], list[bool]]:
-    """Signal features of every turn the model decides (not a first turn, not too short, no
-    shift marker, no return to an earlier subject, not an acknowledgement), each against the
-    true history (the state follows the true jumps)."""
+    """Signal features of every turn the model decides (not a first turn, none a cue decides:
+    ``TopicDetector.decided_by_cues``), each against the true history (the state follows the
+    true jumps)."""
     xs: list[list[float]] = []
     ys: list[bool] = []
     for session in sessions:
         state = TopicState()
         for i, (q, a, jump) in enumerate(session):
             found = detector.signals(state, q) if i else None
-            if (found is not None and content_chars(q) >= detector.config.min_content
-                    and not has_shift_marker(q) and not returns_to_topic(q)
-                    and not is_acknowledgement(q)):
+            if found is not None and not detector.decided_by_cues(q):
                 xs.append(found[1])
                 ys.append(jump)
             detector.add_turn(state, q, a, jump)

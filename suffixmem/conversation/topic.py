@@ -245,15 +245,10 @@ class TopicDetector:
                      float(continues_topic(message)), float(is_question(message)),
                      math.log((1 + letters) / (1 + before))]
 
-    def observe_user(self, state: TopicState, message: str) -> TopicVerdict:
-        """Is ``message`` a jump from the topic in ``state``? (``state`` only remembers the
-        message's similarity, so that ``add_turn`` need not compute it again.)"""
-        content = content_chars(message)
-        found = self._signals(state, message, content) if self.model is not None else None
-        sim = found[0] if found is not None else self.similarity(state, message)
-        if sim is None:
-            return TopicVerdict(False, None, reason="first turn")
-        state.observed = (message, sim)
+    def _cue_verdict(self, message: str, content: int, sim: float) -> TopicVerdict | None:
+        """The verdict of the cues that decide before the signal model (too little content, a
+        return to an earlier subject, a shift marker, an acknowledgement); None when none
+        does. ``content`` is ``content_chars(message)``."""
         cfg = self.config
         if content < cfg.min_content:
             return TopicVerdict(False, sim, reason="too little content")
@@ -265,6 +260,26 @@ class TopicDetector:
             return TopicVerdict(sim < cfg.marker_ceiling, sim, reason="shift marker")
         if is_acknowledgement(message):
             return TopicVerdict(False, sim, reason="reaction")
+        return None
+
+    def decided_by_cues(self, message: str) -> bool:
+        """Whether a cue, not the signal model, decides ``message`` (after a session's first
+        turn): the model is fitted on the other turns only (``bench topics``)."""
+        return self._cue_verdict(message, content_chars(message), 0.0) is not None
+
+    def observe_user(self, state: TopicState, message: str) -> TopicVerdict:
+        """Is ``message`` a jump from the topic in ``state``? (``state`` only remembers the
+        message's similarity, so that ``add_turn`` need not compute it again.)"""
+        content = content_chars(message)
+        found = self._signals(state, message, content) if self.model is not None else None
+        sim = found[0] if found is not None else self.similarity(state, message)
+        if sim is None:
+            return TopicVerdict(False, None, reason="first turn")
+        state.observed = (message, sim)
+        cued = self._cue_verdict(message, content, sim)
+        if cued is not None:
+            return cued
+        cfg = self.config
         if found is not None and self.model is not None:
             if self.gain is not None:
                 found[1].append(self._gain(state, message))
