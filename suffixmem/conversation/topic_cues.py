@@ -193,10 +193,17 @@ _FOLLOW_UP_ENDINGS = re.compile(r"(呢|は|은|는)\s*[?？]?\s*$")
 _LEADING = re.compile(r"^[\W_]+", re.UNICODE)
 
 
-def _pattern(phrases: tuple[str, ...], anchored: bool) -> re.Pattern[str]:
+# the start of a clause, with up to two words before the phrase (``RETURN_MARKERS``)
+_CLAUSE_START = r"(?:^|[.!?;:,。！？；：，、]\s*)(?:[^\W\d_]+\W+){0,2}?"
+
+
+def _pattern(phrases: tuple[str, ...], anchored: bool,
+             spaced_start: str | None = None) -> re.Pattern[str]:
+    """Any of ``phrases``: spaced ones on word boundaries (at the start with ``anchored``, or
+    after ``spaced_start``), CJK ones as substrings (at the start with ``anchored``)."""
     spaced = sorted((p for p in phrases if not CJK_CHAR.search(p)), key=len, reverse=True)
     cjk = sorted((p for p in phrases if CJK_CHAR.search(p)), key=len, reverse=True)
-    start = "^" if anchored else r"(?<!\w)"
+    start = spaced_start if spaced_start is not None else "^" if anchored else r"(?<!\w)"
     alts = [f"{start}{re.escape(p)}(?!\\w)" for p in spaced]
     alts += [f"{'^' if anchored else ''}{re.escape(p)}" for p in cjk]
     return re.compile("|".join(alts))
@@ -208,12 +215,7 @@ _ANAPHORA = _pattern(ANAPHORA, anchored=False)
 _ACK = _pattern(ACKNOWLEDGEMENTS, anchored=True)
 _THANKS = _pattern(THANKS, anchored=False)
 _ADDITIVE = _pattern(ADDITIVES, anchored=False)
-_SPACED_RETURNS = sorted((p for p in RETURN_MARKERS if not CJK_CHAR.search(p)), key=len,
-                         reverse=True)
-_RETURN = re.compile(
-    r"(?:^|[.!?;:,。！？；：，、]\s*)(?:[^\W\d_]+\W+){0,2}?(?:"
-    + "|".join(re.escape(p) for p in _SPACED_RETURNS) + r")(?!\w)"
-    + "|" + "|".join(re.escape(p) for p in RETURN_MARKERS if CJK_CHAR.search(p)))
+_RETURN = _pattern(RETURN_MARKERS, anchored=False, spaced_start=_CLAUSE_START)
 
 
 def _clean(text: str) -> str:
