@@ -145,7 +145,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
                 if config.segment_reuse:  # its cached segments give way to live requests
                     self.scheduler.reclaim = hook.cache.evict
             self.tier: TorchTier | None = TorchTier.open(
-                config, self.model_path, self.block_size, mc, self.block_pool, self.kv_pool,
+                config, self.model_path, mc, self.block_pool, self.kv_pool,
             ) if config.kv_tier else None
             self._generator = torch.Generator().manual_seed(config.seed)
             self._stats.kv_capacity_bytes = self.kv_pool.capacity_bytes

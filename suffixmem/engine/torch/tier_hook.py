@@ -44,11 +44,11 @@ class TorchTier:
         block_pool.on_evict = self.spill
 
     @classmethod
-    def open(cls, config: EngineConfig, model_path: Path, block_size: int, mc: ModelConfig,
+    def open(cls, config: EngineConfig, model_path: Path, mc: ModelConfig,
              block_pool: BlockPool, kv_pool: KVPool) -> TorchTier:
         """The tier of ``config`` (its folder, budget and policy) for this model, dtype and
         block shape: the fingerprint keeps another model's or layout's blocks out."""
-        fp = model_fingerprint(model_path, config.dtype, block_size, mc.num_layers,
+        fp = model_fingerprint(model_path, config.dtype, kv_pool.block_size, mc.num_layers,
                                mc.num_kv_heads, mc.head_dim)
         tier = KVTier(kv_tier_dir(config.kv_tier_dir), fp, int(config.kv_tier_gib * (1 << 30)),
                       config.kv_tier_policy)
