@@ -11,6 +11,7 @@ bad line and goes on. Everything that can be checked is checked before the engin
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import sys
@@ -371,6 +372,33 @@ def register_benches(bench: typer.Typer = bench_app) -> list[str]:
     return loaded
 
 
+def _paragraphs(doc: str) -> str:
+    """``doc`` with each paragraph's lines joined: Typer's rich help keeps a docstring's line
+    breaks, so a docstring wrapped at 100 columns would show broken lines. List items and
+    indented lines keep their own line."""
+    out = []
+    for para in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in para.splitlines():
+            if lines and not line.startswith((" ", "-", "*", "|")):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line)
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def unwrap_help(typer_app: typer.Typer) -> None:
+    """Give every command of ``typer_app`` (sub-apps included) a help text built from its
+    docstring by ``_paragraphs``, unless it names its own."""
+    for info in typer_app.registered_commands:
+        if info.help is None and info.callback is not None and info.callback.__doc__:
+            info.help = _paragraphs(info.callback.__doc__)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
+
+
 def _one_line(message: str) -> None:
     err_console.print(f"[red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True)
 
@@ -379,6 +407,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point. Bad input of any kind (a suffixmem error or a usage error)
     prints one line on stderr and exits with code 2; no traceback."""
     register_benches()
+    unwrap_help(app)
     try:
         code = app(args=argv, standalone_mode=False)
     except NoArgsIsHelpError as e:
