@@ -11,7 +11,6 @@ bad line and goes on. Everything that can be checked is checked before the engin
 
 from __future__ import annotations
 
-import inspect
 import io
 import json
 import sys
@@ -31,6 +30,7 @@ from suffixmem.cli_checks import (
     check_text,
     session_to_use,
 )
+from suffixmem.cli_help import unwrap_help
 from suffixmem.config import DEFAULT_MODEL, suffixmem_home
 from suffixmem.errors import (
     ConfigError,
@@ -370,33 +370,6 @@ def register_benches(bench: typer.Typer = bench_app) -> list[str]:
         register(bench)
         loaded.append(ep.name)
     return loaded
-
-
-def _paragraphs(doc: str) -> str:
-    """``doc`` with each paragraph's lines joined: Typer's rich help keeps a docstring's line
-    breaks, so a docstring wrapped at 100 columns would show broken lines. List items and
-    indented lines keep their own line."""
-    out = []
-    for para in inspect.cleandoc(doc).split("\n\n"):
-        lines: list[str] = []
-        for line in para.splitlines():
-            if lines and not line.startswith((" ", "-", "*", "|")):
-                lines[-1] += " " + line.strip()
-            else:
-                lines.append(line)
-        out.append("\n".join(lines))
-    return "\n\n".join(out)
-
-
-def unwrap_help(typer_app: typer.Typer) -> None:
-    """Give every command of ``typer_app`` (sub-apps included) a help text built from its
-    docstring by ``_paragraphs``, unless it names its own."""
-    for info in typer_app.registered_commands:
-        if info.help is None and info.callback is not None and info.callback.__doc__:
-            info.help = _paragraphs(info.callback.__doc__)
-    for group in typer_app.registered_groups:
-        if group.typer_instance is not None:
-            unwrap_help(group.typer_instance)
 
 
 def _one_line(message: str) -> None:
