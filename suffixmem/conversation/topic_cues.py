@@ -62,13 +62,14 @@ SHIFT_MARKERS: tuple[str, ...] = (
 )
 
 # a speaker coming back to an earlier subject: spaced phrases count at the start of a clause
-# (up to two words before them: "ok back to severance", "Entendido. Volviendo al portátil"),
-# since later in one they describe ("should i go back to school"); CJK phrases anywhere. Only
-# verbs of returning: "what you said earlier", "さっきの", "刚才说的" mostly point at the last
-# answer, within the subject
+# (up to two discourse words before them: "ok back to severance", "Entendido. Volviendo al
+# portátil"), since later in one they describe ("should i go back to school"); CJK phrases
+# anywhere. Only verbs of returning: "what you said earlier", "さっきの", "刚才说的" mostly
+# point at the last answer, within the subject
 RETURN_MARKERS: tuple[str, ...] = (
     # English
     "back to", "going back to", "coming back to", "getting back to", "returning to",
+    "let's go back to", "lets go back to", "let's get back to", "lets get back to",
     # German / Dutch / Swedish
     "zurück zu", "zurück zur", "zurück zum", "zurückkommend auf", "nochmal zu", "noch mal zu",
     "terug naar", "terugkomend op", "om terug te komen op", "tillbaka till",
@@ -193,8 +194,20 @@ _FOLLOW_UP_ENDINGS = re.compile(r"(呢|は|은|는)\s*[?？]?\s*$")
 _LEADING = re.compile(r"^[\W_]+", re.UNICODE)
 
 
-# the start of a clause, with up to two words before the phrase (``RETURN_MARKERS``)
-_CLAUSE_START = r"(?:^|[.!?;:,。！？；：，、]\s*)(?:[^\W\d_]+\W+){0,2}?"
+# words that may open a clause before a return phrase ("ok back to", "e voltando ao", "so
+# anyway, back to"): discourse particles only, so that "come back to bed", "flights back to
+# London" or "im going back to school" describe rather than return
+DISCOURSE_WORDS: tuple[str, ...] = (
+    "ok", "okay", "oke", "oké", "okey", "k", "so", "anyway", "anyways", "alright", "right",
+    "well", "now", "and", "but", "oh", "hey", "um", "umm", "hm", "hmm", "then", "btw", "also",
+    "e", "y", "et", "und", "ja", "nun", "dann", "jetzt", "gut", "bon", "alors", "bueno",
+    "pues", "vale", "entonces", "então", "entao", "pronto", "allora", "va", "bene", "dobrze",
+    "no", "tak", "a", "i", "и", "а", "ну", "ладно", "так", "en", "nou", "goed", "och", "nå",
+)
+# the start of a clause, with up to two discourse words before the phrase (``RETURN_MARKERS``)
+_CLAUSE_START = (r"(?:^|[.!?;:,。！？；：，、]\s*)(?:(?:"
+                 + "|".join(sorted(map(re.escape, DISCOURSE_WORDS), key=len, reverse=True))
+                 + r")(?!\w)\W*){0,2}")
 
 
 def _pattern(phrases: tuple[str, ...], anchored: bool,

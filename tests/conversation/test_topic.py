@@ -112,8 +112,13 @@ def test_returns_and_marked_additions() -> None:
                  "说回装修，瓷砖选哪种", "さっきの保険の話に戻るけど", "다시 이사 얘기인데요",
                  "Возвращаясь к ремонту, какую краску взять?", "Pour revenir au devis ?"):
         assert returns_to_topic(text), text
-    # "back to" later in a clause describes; coming home is not coming back to a subject
+    for text in ("ok so back to the budget", "let's go back to the budget",
+                 "e voltando ao Tesouro"):
+        assert returns_to_topic(text), text
+    # "back to" after other words than discourse particles describes; coming home is not coming
+    # back to a subject
     for text in ("should i go back to school at 30?", "I want to get back to running after surgery",
+                 "come back to bed", "flights back to London?", "im going back to school",
                  "回到家发现冰箱漏水了怎么办", "What is the capital of Peru?"):
         assert not returns_to_topic(text), text
     assert adds_to_topic("by the way, does that work for the older model too?")
