@@ -68,6 +68,15 @@
   natural-blind6 0.698 (the writer's labels 0.565; the rule 0.25, length 0.58). Those cues
   were written with natural-blind5's errors in view (its later scores are not blind) and
   before natural-blind6 was scored: with them natural-blind6 scores 0.701.
+- ``natural-blind7``: ``data/natural_blind7.jsonl``, 40 sessions (425 turns, 69 jumps) in ten
+  languages (English, Chinese, German, French, Spanish, Japanese, Portuguese, Korean, Russian,
+  Italian), written on 2026-12-06 by a helper that saw no code, no data set and no example,
+  asked for assistants inside apps and at work (coding help with pasted snippets and
+  tracebacks, SQL and spreadsheets, questions about a document being read, product support,
+  tutoring, e-mails, planning, some casual chat), long messages and terse fragments, and
+  returns to an earlier subject labelled jumps from the start (22 of them, about half without
+  a return phrase). First scored at b57b009: F1 0.781 (precision 0.72, recall 0.86); the
+  return pattern before b57b009 gives the same.
 
 Tuning only: ``natural_tune`` (``data/natural_tune.jsonl``): 60 sessions (538 turns, 69 jumps)
 in 20 languages, never scored. The first 18 (``tune-*``: English, German, Spanish, Chinese)
@@ -105,6 +114,7 @@ NATURAL_BLIND3 = DATA / "natural_blind3.jsonl"
 NATURAL_BLIND4 = DATA / "natural_blind4.jsonl"
 NATURAL_BLIND5 = DATA / "natural_blind5.jsonl"
 NATURAL_BLIND6 = DATA / "natural_blind6.jsonl"
+NATURAL_BLIND7 = DATA / "natural_blind7.jsonl"
 
 
 def split_topic_names(names: Sequence[str], seed: int) -> tuple[list[str], list[str]]:
@@ -183,7 +193,8 @@ def load_natural(path: Path = NATURAL) -> list[Session]:
 CONVERSATION_SETS = {"natural": NATURAL, "natural-fresh": NATURAL_FRESH,
                      "natural-blind": NATURAL_BLIND, "natural-blind2": NATURAL_BLIND2,
                      "natural-blind3": NATURAL_BLIND3, "natural-blind4": NATURAL_BLIND4,
-                     "natural-blind5": NATURAL_BLIND5, "natural-blind6": NATURAL_BLIND6}
+                     "natural-blind5": NATURAL_BLIND5, "natural-blind6": NATURAL_BLIND6,
+                     "natural-blind7": NATURAL_BLIND7}
 # character 4-6-grams (phrases, not the function words every session of a language shares),
 # with the IDF of the scored sets alone: the tuning sessions kept reach 0.47 (a Vietnamese one,
 # against natural-blind3's), the first 18 0.32; the 18 dropped reached 0.21-0.57 (they were

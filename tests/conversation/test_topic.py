@@ -209,7 +209,7 @@ def test_bench_json_shape() -> None:
     assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural",
                                   "natural-fresh", "natural-blind", "natural-blind2",
                                   "natural-blind3", "natural-blind4", "natural-blind5",
-                                  "natural-blind6"}
+                                  "natural-blind6", "natural-blind7"}
     for d in r["datasets"].values():
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "length_f1", "turns",
                           "jumps"}
@@ -282,7 +282,9 @@ def test_tuning_sessions_copy_no_scored_session() -> None:
     tune = load_natural(NATURAL_TUNE)
     assert len(tune) >= 60 and near_copies(tune, scored) == []
     donor = max(scored, key=len)
-    reworded = [(q + " please", a, j) for q, a, j in donor]  # no message verbatim: the cosine
+    # no message verbatim: the cosine (a word as rare as "please" appended to every message
+    # would outweigh the session's own n-grams)
+    reworded = [("so " + q, a, j) for q, a, j in donor]
     long_q = next(q for q, _, _ in donor if len(q) >= 12)
     pasted = [("How do I descale a kettle?", "Vinegar and water.", False),
               (long_q.upper(), "...", True)]
