@@ -39,7 +39,7 @@ def _reference(model_path: Path, text: str, layer: int, max_tokens: int) -> torc
 
 def test_equals_the_full_models_hidden_states(sim: HiddenSimilarity, model_path: Path) -> None:
     """Only ``layer`` layers are loaded, yet the vector is the full model's at that layer."""
-    assert len(sim.decoder.layers) == sim.decoder.config.num_hidden_layers == 12
+    assert len(sim.decoder.layers) == sim.decoder.config.num_layers == 12
     message = "Is 16 GB of RAM really necessary for that?"
     got = torch.from_numpy(sim._vector(message))
     want = _reference(model_path, message, 12, sim.max_tokens)
@@ -47,6 +47,24 @@ def test_equals_the_full_models_hidden_states(sim: HiddenSimilarity, model_path:
     expected = float(want @ _reference(model_path, LAPTOP[0], 12, sim.max_tokens))
     assert sim(LAPTOP, message) == pytest.approx(expected, abs=1e-4)
     assert sim(LAPTOP, LAPTOP[0]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bf16_hidden_states_are_transformers_bit_for_bit(model_path: Path) -> None:
+    """The serving dtype: the engine's primitives (prepacked oneDNN products) cut to 12 layers
+    give what transformers' base model cut alike gives, to the bit, so ``HIDDEN_MODEL``, fitted
+    on transformers' states, reads the same features."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    bf16 = HiddenSimilarity(model_path)  # bfloat16, the default
+    config = AutoConfig.from_pretrained(str(model_path))
+    config.num_hidden_layers = 12
+    cut = AutoModel.from_pretrained(str(model_path), config=config, dtype=torch.bfloat16).eval()
+    tok = AutoTokenizer.from_pretrained(str(model_path))
+    for text in (LAPTOP[0], "顺便问一下，猫也能吃吗", "ok"):
+        ids = tok(text, add_special_tokens=False)["input_ids"][:bf16.max_tokens]
+        with torch.inference_mode():
+            want = cut(input_ids=torch.tensor([ids])).last_hidden_state[0]
+        assert torch.equal(bf16.decoder.hidden(torch.tensor(ids)), want), text
 
 
 def test_a_follow_up_reads_closer_than_a_new_subject(sim: HiddenSimilarity) -> None:
@@ -58,13 +76,13 @@ def test_a_follow_up_reads_closer_than_a_new_subject(sim: HiddenSimilarity) -> N
 def test_remembers_the_last_messages(sim: HiddenSimilarity) -> None:
     """A turn runs one forward: the last user message's vector is remembered."""
     calls = []
-    forward = sim.decoder.forward
+    forward = sim.decoder.hidden
 
     def counted(*args: object, **kwargs: object) -> object:
         calls.append(1)
         return forward(*args, **kwargs)
 
-    sim.decoder.forward = counted  # type: ignore[method-assign]
+    sim.decoder.hidden = counted  # type: ignore[method-assign]
     try:
         sim(LAPTOP, "What about battery life?")
         before = len(calls)
@@ -72,7 +90,7 @@ def test_remembers_the_last_messages(sim: HiddenSimilarity) -> None:
         assert len(calls) == before + 1
         assert sim(LAPTOP, "") == 0.0  # no tokens: no similarity
     finally:
-        del sim.decoder.forward
+        del sim.decoder.hidden
 
 
 def test_the_detector_pairs_it_with_its_model(sim: HiddenSimilarity) -> None:

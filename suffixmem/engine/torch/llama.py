@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -89,7 +89,7 @@ class Llama:
 
     def __init__(self, config: ModelConfig, embed_tokens: torch.Tensor,
                  layers: Sequence[LayerWeights], norm: torch.Tensor,
-                 lm_head: torch.Tensor) -> None:
+                 lm_head: torch.Tensor, pack_head: bool = True) -> None:
         self.config = config
         self.embed_tokens = embed_tokens  # [V, E]
         self.layers = list(layers)
@@ -101,7 +101,8 @@ class Llama:
         for w in self.layers:
             for t in (w.w_qkv, w.w_o, w.w_gate_up, w.w_down):
                 self.linear.pack(t)
-        self.linear.pack(self.lm_head)
+        if pack_head:  # False: logits through F.linear, without a packed copy of the head
+            self.linear.pack(self.lm_head)
         # the same products as one-argument functions, for the decode loop (decode.py)
         self.bound = [LayerLinears(self.linear.bind(w.w_qkv), self.linear.bind(w.w_o),
                                    self.linear.bind(w.w_gate_up), self.linear.bind(w.w_down))
@@ -115,8 +116,9 @@ class Llama:
     # -- loading --------------------------------------------------------------------------------
     @classmethod
     def from_state_dict(cls, config: ModelConfig, state: Mapping[str, torch.Tensor],
-                        dtype: torch.dtype = torch.bfloat16) -> Llama:
-        """From transformers' parameter names (``model.layers.0.self_attn.q_proj.weight``...)."""
+                        dtype: torch.dtype = torch.bfloat16, pack_head: bool = True) -> Llama:
+        """From transformers' parameter names (``model.layers.0.self_attn.q_proj.weight``...).
+        ``pack_head``: as ``__init__``."""
 
         def get(name: str) -> torch.Tensor:
             try:
@@ -143,23 +145,34 @@ class Llama:
             lm_head = embed
         else:
             lm_head = get("lm_head.weight").contiguous()
-        return cls(config, embed, layers, get("model.norm.weight"), lm_head)
+        return cls(config, embed, layers, get("model.norm.weight"), lm_head, pack_head)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path,
-                        dtype: torch.dtype = torch.bfloat16) -> Llama:
-        """Load ``config.json`` and ``*.safetensors`` from a transformers model folder."""
-        from safetensors.torch import load_file
+    def from_pretrained(cls, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
+                        num_layers: int | None = None, pack_head: bool = True) -> Llama:
+        """Load ``config.json`` and ``*.safetensors`` from a transformers model folder.
+        ``num_layers``: read only the first that many decoder layers (for ``hidden``; the
+        others are never materialised); ``pack_head``: as ``__init__``."""
+        from safetensors import safe_open
 
         folder = Path(folder)
         config = read_config(folder)
+        if num_layers is not None:
+            if not 1 <= num_layers <= config.num_layers:
+                raise ModelError(f"num_layers must be in [1, {config.num_layers}], got "
+                                 f"{num_layers}")
+            config = replace(config, num_layers=num_layers)
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise ModelError(f"no .safetensors weights in {folder}")
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(load_file(str(f)))
-        return cls.from_state_dict(config, state, dtype)
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():  # noqa: SIM118 (a safe_open handle is no mapping)
+                    parts = name.split(".")  # model.layers.<i>.<...>
+                    if parts[:2] != ["model", "layers"] or int(parts[2]) < config.num_layers:
+                        state[name] = fh.get_tensor(name)
+        return cls.from_state_dict(config, state, dtype, pack_head)
 
     @property
     def weight_bytes(self) -> int:
@@ -321,6 +334,18 @@ class Llama:
         """Logits ``[N, V]`` of every token of one sequence ``ids [N]`` at ``positions``
         (default ``0..N-1``), without any cache. Used as a reference and by tests: its
         attention is transformers' (SDPA), never the prefill kernel."""
+        return self.logits(self._dense(ids, positions, entropy_layers))
+
+    @torch.inference_mode()
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """The output of the last loaded decoder layer after the final norm, ``[N, E]``, for
+        one sequence ``ids [N]`` at positions ``0..N-1`` without any cache: transformers'
+        ``last_hidden_state`` of a base model cut to these layers, bit for bit (tested)."""
+        return rms_norm(self._dense(ids, None, ()), self.norm, self.config.rms_norm_eps)
+
+    def _dense(self, ids: torch.Tensor, positions: torch.Tensor | None,
+               entropy_layers: Sequence[int]) -> torch.Tensor:
+        """``forward``'s layers: the residual stream ``[N, E]`` after the last layer."""
         if positions is None:
             positions = torch.arange(ids.shape[0])
         rope = self.rope(positions)
@@ -332,4 +357,4 @@ class Llama:
             if isinstance(out, tuple):
                 out = out[0]
             h = self.finish(i, h, out)
-        return self.logits(h)
+        return h

@@ -36,6 +36,26 @@ def test_tiny_forward_matches_transformers(make_tiny: Any, tied: bool) -> None:
     assert (ours.lm_head is ours.embed_tokens) == tied
 
 
+def test_loads_the_first_layers_for_their_hidden_states(tiny: Any, tmp_path: Path) -> None:
+    """``from_pretrained(num_layers=n)`` reads only n decoder layers; ``hidden`` is then
+    transformers' n-th hidden state after the final norm. ``pack_head=False`` changes no
+    logit."""
+    hf, ours = tiny
+    hf.save_pretrained(tmp_path)
+    ids = torch.randint(0, 256, (30,))
+    cut = Llama.from_pretrained(tmp_path, torch.float32, num_layers=2)
+    assert len(cut.layers) == cut.config.num_layers == 2
+    with torch.inference_mode():
+        states = hf(ids[None], output_hidden_states=True).hidden_states
+        want = hf.model.norm(states[2][0])
+    assert (cut.hidden(ids) - want).abs().max().item() <= 1e-5
+    whole = Llama.from_pretrained(tmp_path, torch.float32, pack_head=False)
+    assert torch.equal(whole.forward(ids), ours.forward(ids))
+    for bad in (0, 4):
+        with pytest.raises(ModelError, match="num_layers must be in"):
+            Llama.from_pretrained(tmp_path, torch.float32, num_layers=bad)
+
+
 def test_config_from_transformers(tiny: Any) -> None:
     hf, ours = tiny
     c = ours.config
