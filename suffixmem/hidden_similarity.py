@@ -15,7 +15,8 @@ Cost: one forward of ``layer`` decoder layers over at most ``max_tokens`` tokens
 message (the last message's result is remembered). It runs on the torch engine's primitives
 (``Llama.hidden``: oneDNN-prepacked bf16 weights), which give transformers' hidden states bit
 for bit in about half its time: 24 tokens of the default model take ~10 ms against ~17-21 ms
-through transformers (p50, bf16, 2 threads, the AMD EPYC host of 2026-12-06). Only the
+through transformers (p50, bf16, 2 threads, the AMD EPYC host of 2026-12-06); a model of
+an architecture the primitives do not run goes through transformers, as before. Only the
 embeddings and the first ``layer`` layers are loaded, ~230 MB in bf16 for the default model
 with the packed copies (no vocabulary head is packed). The weights are the served model's,
 read from its local folder (no download).
@@ -95,18 +96,59 @@ class HiddenSimilarity:
         return vec
 
 
+class _CutTransformers:
+    """A transformers base model cut to its first layers, for the architectures the engine's
+    primitives do not run (``Llama.from_pretrained`` refuses them): ``hidden`` as
+    ``Llama.hidden``, at about twice its time."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model.eval()
+        self.layers = model.layers
+
+    def hidden(self, ids: Any) -> Any:
+        return self.model(input_ids=ids[None]).last_hidden_state[0]
+
+
 def _load(model: str, layer: int, dtype_: Any) -> tuple[Any, Any]:
-    """(the model's first ``layer`` decoder layers as a ``Llama``, its tokenizer), read from
-    the model's local folder; the layers past ``layer`` are never materialised."""
-    from transformers import AutoTokenizer
+    """(the model's first ``layer`` decoder layers, as a ``Llama`` for a Llama-family model,
+    else through transformers; its tokenizer), read from the model's local folder; the layers
+    past ``layer`` are never materialised."""
+    from transformers import AutoConfig, AutoTokenizer
 
     from suffixmem.engine.torch.llama import Llama
     from suffixmem.engine.torch.model_config import read_config
+    from suffixmem.errors import ModelError
     from suffixmem.models import resolve_model
 
     path = str(resolve_model(model, progress=False))
-    layers = read_config(path).num_layers
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        layers = read_config(path).num_layers
+    except ModelError:  # not a Llama-family model the primitives run: transformers runs it
+        config = AutoConfig.from_pretrained(path)
+        _check_layer(layer, config.num_hidden_layers)
+        return _cut_transformers(path, config, layer, dtype_), tokenizer
+    _check_layer(layer, layers)
+    return Llama.from_pretrained(path, dtype_, num_layers=layer, pack_head=False), tokenizer
+
+
+def _check_layer(layer: int, layers: int) -> None:
     if layer > layers:
         raise ConfigError(f"layer {layer} is past the model's {layers} layers")
-    decoder = Llama.from_pretrained(path, dtype_, num_layers=layer, pack_head=False)
-    return decoder, AutoTokenizer.from_pretrained(path)
+
+
+def _cut_transformers(path: str, config: Any, layer: int, dtype_: Any) -> _CutTransformers:
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    config.num_hidden_layers = layer
+    verbosity = hf_logging.get_verbosity()
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # the layers left out are "unused weights": meant
+    hf_logging.disable_progress_bar()  # a chat's first line is not a loading bar
+    try:
+        return _CutTransformers(AutoModel.from_pretrained(path, config=config, dtype=dtype_))
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()

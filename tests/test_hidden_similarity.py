@@ -67,6 +67,33 @@ def test_bf16_hidden_states_are_transformers_bit_for_bit(model_path: Path) -> No
         assert torch.equal(bf16.decoder.hidden(torch.tensor(ids)), want), text
 
 
+def test_other_architectures_run_through_transformers(model_path: Path, tmp_path: Path) -> None:
+    """A model the engine's primitives refuse (a tiny random Qwen2: attention biases) is cut
+    and run by transformers instead: its vector is the full model's hidden state there."""
+    import shutil
+
+    from transformers import Qwen2Config, Qwen2Model
+
+    for f in model_path.iterdir():  # the default model's tokenizer, for a vocabulary
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy(f, tmp_path / f.name)
+    torch.manual_seed(0)
+    full = Qwen2Model(Qwen2Config(vocab_size=49152, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=2)).eval()
+    full.save_pretrained(tmp_path)
+    cut = HiddenSimilarity(tmp_path, layer=2, dtype="float32")
+    assert len(cut.decoder.layers) == 2
+    ids = cut.tokenizer(LAPTOP[0], add_special_tokens=False)["input_ids"][:cut.max_tokens]
+    with torch.inference_mode():
+        states = full(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        mean = full.norm(states[2][0]).mean(0)
+    got = torch.from_numpy(cut._vector(LAPTOP[0]))
+    assert torch.allclose(got, mean / mean.norm(), atol=1e-5)
+    with pytest.raises(ConfigError, match="past the model's 3 layers"):
+        HiddenSimilarity(tmp_path, layer=4)
+
+
 def test_a_follow_up_reads_closer_than_a_new_subject(sim: HiddenSimilarity) -> None:
     follow_up = sim(LAPTOP, "Is 16 GB really necessary?")
     new_subject = sim(LAPTOP, "What's the best way to store fresh basil?")
