@@ -73,6 +73,12 @@ class HiddenSimilarity:
             return 0.0
         return float(a @ b)
 
+    def prime(self, text: str) -> None:
+        """Compute and remember ``text``'s vector now (``TopicDetector.add_turn`` calls it
+        after the reply), so that the next turn's call pays one forward, not two."""
+        with self._lock:
+            self._vector(text)
+
     def forget(self) -> None:
         """Drop the remembered vectors (a benchmark timing a cold session)."""
         with self._lock:

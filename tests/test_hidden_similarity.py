@@ -120,6 +120,36 @@ def test_remembers_the_last_messages(sim: HiddenSimilarity) -> None:
         del sim.decoder.hidden
 
 
+def test_the_detector_primes_each_turns_message(sim: HiddenSimilarity) -> None:
+    """``add_turn`` (after the reply) computes the turn's message vector, so the next verdict
+    runs one forward, also after a first turn, which the signal never sees; ``replay`` primes
+    only the last turn's message."""
+    detector = default_detector(gain=sim)
+    sim.forget()
+    calls: list[int] = []
+    forward = sim.decoder.hidden
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    sim.decoder.hidden = counted  # type: ignore[method-assign]
+    try:
+        state = detector.replay([])
+        first = detector.observe_user(state, LAPTOP[0])
+        assert first.reason == "first turn" and calls == []
+        detector.add_turn(state, LAPTOP[0], LAPTOP[1], first.jump)
+        assert len(calls) == 1
+        second = detector.observe_user(state, "Is 16 GB really necessary for an IDE?")
+        assert second.reason == "signals" and len(calls) == 2
+        sim.forget()
+        calls.clear()
+        detector.replay([LAPTOP, ("What about battery life?", "About 12 hours.")])
+        assert len(calls) == 1
+    finally:
+        del sim.decoder.hidden
+
+
 def test_the_detector_pairs_it_with_its_model(sim: HiddenSimilarity) -> None:
     detector = default_detector(gain=sim)
     assert detector.model is HIDDEN_MODEL and HIDDEN_MODEL.features == HIDDEN_FEATURES

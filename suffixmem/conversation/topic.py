@@ -293,8 +293,11 @@ class TopicDetector:
                                 reason="follow-up")
         return TopicVerdict(sim < cfg.threshold * scale, sim, reason="threshold")
 
-    def add_turn(self, state: TopicState, user: str, assistant: str, jump: bool) -> None:
-        """Fold a finished turn into the topic (a jump starts a new topic from this turn)."""
+    def add_turn(self, state: TopicState, user: str, assistant: str, jump: bool,
+                 prime: bool = True) -> None:
+        """Fold a finished turn into the topic (a jump starts a new topic from this turn).
+        ``prime``: let the served-model signal prepare what the next verdict needs of this
+        turn (``_prime``)."""
         if state.observed is not None and state.observed[0] == user:
             sim: float | None = state.observed[1]
         else:
@@ -318,6 +321,17 @@ class TopicDetector:
         state.char_df = state.char_df.plus(SparseRow(raw_c.indices, np.ones(raw_c.nnz)))
         state.word_df = state.word_df.plus(SparseRow(raw_w.indices, np.ones(raw_w.nnz)))
         state.turns += 1
+        if prime:
+            self._prime(user)
+
+    def _prime(self, user: str) -> None:
+        """Compute now, after the reply, what the next verdict's signal needs of this turn's
+        message, where the signal can (``HiddenSimilarity.prime``: its vector, unless
+        remembered). A message decided without the signal (the first, or one a cue decided)
+        would otherwise cost the next verdict a second forward."""
+        prime = getattr(self.gain, "prime", None)
+        if prime is not None:
+            prime(user)
 
     def replay(self, turns: Sequence[tuple[str, str]]) -> TopicState:
         """The state after ``turns`` (user, assistant), re-detecting their jumps. With a
@@ -331,7 +345,9 @@ class TopicDetector:
         state = TopicState()
         for user, assistant in turns:
             verdict = judge.observe_user(state, user)
-            self.add_turn(state, user, assistant, verdict.jump)
+            self.add_turn(state, user, assistant, verdict.jump, prime=False)
+        if turns:  # only the last turn's message is compared with the next one
+            self._prime(turns[-1][0])
         return state
 
     def detect(self, turns: Sequence[tuple[str, str]], message: str) -> TopicVerdict:
