@@ -4,6 +4,8 @@ like the message before it, a new subject less so)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -100,32 +102,9 @@ def test_a_follow_up_reads_closer_than_a_new_subject(sim: HiddenSimilarity) -> N
     assert -1.0 <= new_subject < follow_up <= 1.0
 
 
-def test_remembers_the_last_messages(sim: HiddenSimilarity) -> None:
-    """A turn runs one forward: the last user message's vector is remembered."""
-    calls = []
-    forward = sim.decoder.hidden
-
-    def counted(*args: object, **kwargs: object) -> object:
-        calls.append(1)
-        return forward(*args, **kwargs)
-
-    sim.decoder.hidden = counted  # type: ignore[method-assign]
-    try:
-        sim(LAPTOP, "What about battery life?")
-        before = len(calls)
-        sim(("What about battery life?", "12 hours."), "ok, and the ThinkPad?")
-        assert len(calls) == before + 1
-        assert sim(LAPTOP, "") == 0.0  # no tokens: no similarity
-    finally:
-        del sim.decoder.hidden
-
-
-def test_the_detector_primes_each_turns_message(sim: HiddenSimilarity) -> None:
-    """``add_turn`` (after the reply) computes the turn's message vector, so the next verdict
-    runs one forward, also after a first turn, which the signal never sees; ``replay`` primes
-    only the last turn's message."""
-    detector = default_detector(gain=sim)
-    sim.forget()
+@contextmanager
+def _counted_forwards(sim: HiddenSimilarity) -> Iterator[list[int]]:
+    """One entry per forward ``sim`` runs inside the block."""
     calls: list[int] = []
     forward = sim.decoder.hidden
 
@@ -135,6 +114,28 @@ def test_the_detector_primes_each_turns_message(sim: HiddenSimilarity) -> None:
 
     sim.decoder.hidden = counted  # type: ignore[method-assign]
     try:
+        yield calls
+    finally:
+        del sim.decoder.hidden
+
+
+def test_remembers_the_last_messages(sim: HiddenSimilarity) -> None:
+    """A turn runs one forward: the last user message's vector is remembered."""
+    with _counted_forwards(sim) as calls:
+        sim(LAPTOP, "What about battery life?")
+        before = len(calls)
+        sim(("What about battery life?", "12 hours."), "ok, and the ThinkPad?")
+        assert len(calls) == before + 1
+        assert sim(LAPTOP, "") == 0.0  # no tokens: no similarity
+
+
+def test_the_detector_primes_each_turns_message(sim: HiddenSimilarity) -> None:
+    """``add_turn`` (after the reply) computes the turn's message vector, so the next verdict
+    runs one forward, also after a first turn, which the signal never sees; ``replay`` primes
+    only the last turn's message."""
+    detector = default_detector(gain=sim)
+    sim.forget()
+    with _counted_forwards(sim) as calls:
         state = detector.replay([])
         first = detector.observe_user(state, LAPTOP[0])
         assert first.reason == "first turn" and calls == []
@@ -146,8 +147,6 @@ def test_the_detector_primes_each_turns_message(sim: HiddenSimilarity) -> None:
         calls.clear()
         detector.replay([LAPTOP, ("What about battery life?", "About 12 hours.")])
         assert len(calls) == 1
-    finally:
-        del sim.decoder.hidden
 
 
 def test_the_detector_pairs_it_with_its_model(sim: HiddenSimilarity) -> None:
