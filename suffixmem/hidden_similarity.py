@@ -127,20 +127,17 @@ def _load(model: str, layer: int, dtype_: Any) -> tuple[Any, Any]:
     from suffixmem.models import resolve_model
 
     path = str(resolve_model(model, progress=False))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = None  # transformers' config, for a model the primitives do not run
     try:
         layers = read_config(path).num_layers
     except ModelError:  # not a Llama-family model the primitives run: transformers runs it
         config = AutoConfig.from_pretrained(path)
-        _check_layer(layer, config.num_hidden_layers)
-        return _cut_transformers(path, config, layer, dtype_), tokenizer
-    _check_layer(layer, layers)
-    return Llama.from_pretrained(path, dtype_, num_layers=layer, pack_head=False), tokenizer
-
-
-def _check_layer(layer: int, layers: int) -> None:
-    if layer > layers:
+        layers = config.num_hidden_layers
+    if layer > layers:  # before any weight or the tokenizer is read
         raise ConfigError(f"layer {layer} is past the model's {layers} layers")
+    decoder = (Llama.from_pretrained(path, dtype_, num_layers=layer, pack_head=False)
+               if config is None else _cut_transformers(path, config, layer, dtype_))
+    return decoder, AutoTokenizer.from_pretrained(path)
 
 
 def _cut_transformers(path: str, config: Any, layer: int, dtype_: Any) -> _CutTransformers:
