@@ -240,7 +240,11 @@ class TopicDetector:
         unseen = c.data[state.char_df.values_at(c.indices) == 0].tolist() if c.nnz else []
         novelty = float(sum(v * v for v in unseen))
         drop = sum(state.sims) / len(state.sims) - sim if state.sims else 0.0
-        before = content_chars(state.last_turn[0]) if state.last_turn is not None else letters
+        # no ratio (0) against the session's opening message: it sets the subject up, and a
+        # second message that fills in detail (a pasted error, the user's situation) runs far
+        # longer than it without leaving it (``topic_signals``: the tuning F1 chose this)
+        ratio = state.last_turn is not None and state.turns > 1
+        before = content_chars(state.last_turn[0]) if ratio else letters
         return sim, [sim, drop, novelty, math.log1p(letters) / 5.0,
                      float(continues_topic(message)), float(is_question(message)),
                      math.log((1 + letters) / (1 + before))]

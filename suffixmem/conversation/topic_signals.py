@@ -19,7 +19,9 @@ The features (computed by ``TopicDetector.signals``, in this order, see ``FEATUR
 - ``rel_length``: ``log((1 + letters) / (1 + letters of the last user message))``: a new
   subject tends to come as a message longer than the one before it, a follow-up as a shorter
   one. ``length`` alone cannot tell a terse writer's new subject from a wordy writer's
-  follow-up; the ratio reads each message against the same writer's last one.
+  follow-up; the ratio reads each message against the same writer's last one. 0 at a
+  session's second turn: the session's opening message sets its subject up, and a second one
+  that fills in detail runs far longer without leaving it.
 - ``context_gain`` (optional, ``GAIN_FEATURES``): nats per token by which the last turn makes
   the message more likely under the served model (``suffixmem.context_gain``); only a detector
   given a ``ContextGain`` computes it.

@@ -59,8 +59,12 @@ def test_signals_are_what_they_say() -> None:
     _, x = d.signals(state, "Why mmmpf?")  # type: ignore[misc]
     f = dict(zip(FEATURES, x, strict=True))
     assert f["question"] == 1.0 and f["follow_up"] == 1.0 and f["novelty"] > 0.5
+    # a session's second turn has no ratio: its opening message sets the subject up
+    assert f["rel_length"] == 0.0
+    d.add_turn(state, "zorblax quantum flux", "zorblax quantum flux", False)
+    _, x = d.signals(state, "Why mmmpf?")  # type: ignore[misc]
     # 8 letters after 18: shorter than the last user message, so the ratio's log is negative
-    assert f["rel_length"] == pytest.approx(math.log(9 / 19))
+    assert dict(zip(FEATURES, x, strict=True))["rel_length"] == pytest.approx(math.log(9 / 19))
     # the ratio reads the last *user* message, not the reply: a long reply changes nothing
     d.add_turn(state, "Why mmmpf?", "because " * 40, False)
     _, x = d.signals(state, "zorblax quantum flux")  # type: ignore[misc]
