@@ -122,13 +122,14 @@ class SignalModel:
 # natural tuning sessions in 20 languages; acknowledgements, shift markers and returns to an
 # earlier subject decided before the model, as in serving; combining marks count as letters,
 # kana as two); cutoff: the smallest worst regret over the two tuning sets; their mean F1
-# 0.557. results/topics/amd-*.json reports it. Refitted on 2026-12-06 when returns left the
-# model's turns (8 tuning turns; before: weights (-3.2389, 4.3116, 0.3347, -0.1843, -1.5854,
-# -0.0837, 1.3378), bias -1.3562, mean tuning F1 0.555). With ``rel_length`` (2026-12-05)
-# the absolute ``length`` weight fell from 4.44 to about 0 and the length ratio carries it;
+# 0.567. results/topics/amd-*.json reports it. Refitted on 2026-12-06 when a session's second
+# turn lost its length ratio (results/topics/amd-379c33c.json; before: weights (-2.8544,
+# 4.3108, 0.589, -0.4381, -1.8222, -0.102, 1.2867), bias -1.4295, mean tuning F1 0.557), and
+# before that when returns left the model's turns. With ``rel_length`` (2026-12-05) the
+# absolute ``length`` weight fell from 4.44 to about 0 and the length ratio carries it;
 # docs/conversation.md compares the two.
 DEFAULT_MODEL = SignalModel(
-    weights=(-2.8544, 4.3108, 0.589, -0.4381, -1.8222, -0.102, 1.2867), bias=-1.4295,
+    weights=(-2.7507, 4.4421, 0.5434, 0.0084, -1.8209, -0.1718, 1.2564), bias=-1.6976,
     cutoff=0.25,
 )
 
