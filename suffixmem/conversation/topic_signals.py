@@ -150,10 +150,11 @@ GAIN_MODEL = SignalModel(
 # DEFAULT_MODEL; layer 12, the first 24 tokens of each message; bf16 forwards on an AMD EPYC
 # host; results/topics/hidden-amd-0ec8b57.json): the hidden cosine with the last user message
 # weighs against a jump, beside the TF-IDF signals. Cutoff 0.25, the smallest worst regret over
-# the tuning sets; their mean F1 0.603. Refitted on 2026-12-06 with returns left out of the
-# model's turns (before, fitted on an Intel Xeon host: weights (-2.8914, 3.6793, 0.3132,
-# 0.5101, -1.6859, 0.1154, 1.1282, -5.0099), bias 2.5105, mean tuning F1 0.595).
+# the tuning sets; their mean F1 0.612. Refitted on 2026-12-06 when a session's second turn
+# lost its length ratio (results/topics/hidden-amd-4400fb7.json; before: weights (-2.5038,
+# 3.6789, 0.5514, 0.2162, -1.9246, 0.1067, 1.0806, -5.1595), bias 2.5961, mean tuning F1
+# 0.603), and before that with returns left out of the model's turns.
 HIDDEN_MODEL = SignalModel(
-    weights=(-2.5038, 3.6789, 0.5514, 0.2162, -1.9246, 0.1067, 1.0806, -5.1595), bias=2.5961,
+    weights=(-2.3954, 3.7557, 0.5077, 0.6479, -1.9418, 0.0494, 1.0429, -5.3357), bias=2.4953,
     cutoff=0.25, features=HIDDEN_FEATURES,
 )
