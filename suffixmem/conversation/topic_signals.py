@@ -134,24 +134,25 @@ DEFAULT_MODEL = SignalModel(
 )
 
 # fitted with `bench topics --context-gain` (seed 0, the same tuning sessions as DEFAULT_MODEL;
-# results/topics/context-gain-amd-0ec8b57.json, bf16 forwards on an AMD EPYC host): with the
+# results/topics/context-gain-amd-e896923.json, bf16 forwards on an AMD EPYC host): with the
 # gain, the similarity's own weight shrinks and its drop below the topic's earlier
 # similarities, the follow-up cue and the length ratio carry the rest. Cutoff 0.35, the
-# smallest worst regret over the tuning sets; their mean F1 0.716. Refitted on 2026-12-06 with
-# returns left out of the model's turns (before, fitted on an Intel Xeon host: weights
-# (-1.625, 3.0858, -0.6006, -0.7078, -1.3292, 0.134, 1.1681, -2.0273), bias 0.589, mean
-# tuning F1 0.695).
+# smallest worst regret over the tuning sets; their mean F1 0.713. Refitted on 2026-12-06 when
+# a session's second turn lost its length ratio (before, context-gain-amd-0ec8b57.json:
+# weights (-1.183, 3.0875, -0.2906, -1.0263, -1.6033, 0.1242, 1.113, -2.0387), bias 0.5052,
+# mean tuning F1 0.716: this signal's model alone lost a little there), and before that with
+# returns left out of the model's turns.
 GAIN_MODEL = SignalModel(
-    weights=(-1.183, 3.0875, -0.2906, -1.0263, -1.6033, 0.1242, 1.113, -2.0387), bias=0.5052,
+    weights=(-1.1007, 3.1431, -0.3358, -0.7188, -1.6013, 0.0926, 1.0904, -2.0476), bias=0.3369,
     cutoff=0.35, features=GAIN_FEATURES,
 )
 
 # fitted with `bench topics --hidden-similarity` (seed 0, the same tuning sessions as
 # DEFAULT_MODEL; layer 12, the first 24 tokens of each message; bf16 forwards on an AMD EPYC
-# host; results/topics/hidden-amd-0ec8b57.json): the hidden cosine with the last user message
+# host; results/topics/hidden-amd-4400fb7.json): the hidden cosine with the last user message
 # weighs against a jump, beside the TF-IDF signals. Cutoff 0.25, the smallest worst regret over
 # the tuning sets; their mean F1 0.612. Refitted on 2026-12-06 when a session's second turn
-# lost its length ratio (results/topics/hidden-amd-4400fb7.json; before: weights (-2.5038,
+# lost its length ratio (before, hidden-amd-0ec8b57.json: weights (-2.5038,
 # 3.6789, 0.5514, 0.2162, -1.9246, 0.1067, 1.0806, -5.1595), bias 2.5961, mean tuning F1
 # 0.603), and before that with returns left out of the model's turns.
 HIDDEN_MODEL = SignalModel(
