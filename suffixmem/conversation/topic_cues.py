@@ -184,6 +184,19 @@ ACKNOWLEDGEMENTS: tuple[str, ...] = (
 # letters (`content_chars`: kanji and hangul count 3, kana 2) around the thanks: "Ok. Now tell
 # me about Rome" says more
 ACKNOWLEDGEMENT_MAX_REST = 16
+# words that judge the last answer: after a thanks or an "ok", a rest that ends on one of them
+# (at most ``ACKNOWLEDGEMENT_MAX_LEAD`` letters after it) is still a reaction up to
+# ``ACKNOWLEDGEMENT_MAX_PRAISE`` letters ("Thank you, that's really helpful.", "ありがとうござい
+# ます、助かりました", "ok merci j'y vois plus clair"), unless it asks something or carries a
+# shift marker; "Thanks, that was helpful. Now tell me about Paris" goes on past the praise
+PRAISE: tuple[str, ...] = (
+    "helpful", "helps", "helped", "useful", "clear", "clearer", "better", "perfect", "worked",
+    "makes sense", "hilfreich", "hilft", "geholfen", "geklappt", "utile", "clair", "útil",
+    "ajuda", "ajudou", "aiuta", "chiaro", "nuttig", "pomocne", "полезно", "помогли", "помогло",
+    "помогает", "корисно", "допомогли",
+    "有帮助", "有用", "清楚", "助かりました", "助かる", "わかりやすい", "도움", "덕분",
+)
+ACKNOWLEDGEMENT_MAX_PRAISE = 40
 # of which at most this many before it: an interjection ("wow, thanks", "понял, спасибо",
 # "오 감사합니다"), not a request that happens to end in "great"
 ACKNOWLEDGEMENT_MAX_LEAD = 8
@@ -227,6 +240,7 @@ _OPENER = _pattern(CONTINUATION_OPENERS, anchored=True)
 _ANAPHORA = _pattern(ANAPHORA, anchored=False)
 _ACK = _pattern(ACKNOWLEDGEMENTS, anchored=True)
 _THANKS = _pattern(THANKS, anchored=False)
+_PRAISE = _pattern(PRAISE, anchored=False)
 _ADDITIVE = _pattern(ADDITIVES, anchored=False)
 _RETURN = _pattern(RETURN_MARKERS, anchored=False, spaced_start=_CLAUSE_START)
 
@@ -265,17 +279,29 @@ def continues_topic(text: str) -> bool:
 def is_acknowledgement(text: str) -> bool:
     """Whether ``text`` only acknowledges the last answer: it asks nothing and is a thanks or an
     "ok" with little around it ("Thanks, that helps.", "Merci beaucoup", "好的，明白了", "понял,
-    спасибо", "오 감사합니다")."""
+    спасибо", "오 감사합니다"), or with a little more that judges the answer (``PRAISE``)."""
     t = _clean(text)
     if is_question(t):
         return False
     found = _ACK.search(t)
-    if found is not None and content_chars(t[found.end():]) <= ACKNOWLEDGEMENT_MAX_REST:
+    if found is not None and _reacts(t[found.end():]):
         return True
     for found in _THANKS.finditer(t):
         lead = content_chars(t[:found.start()])
         if lead > ACKNOWLEDGEMENT_MAX_LEAD:
             return False
-        if lead + content_chars(t[found.end():]) <= ACKNOWLEDGEMENT_MAX_REST:
+        if _reacts(t[found.end():], lead):
             return True
     return False
+
+
+def _reacts(rest: str, lead: int = 0) -> bool:
+    """Whether ``rest``, after a thanks or an "ok" (``lead`` letters before it), keeps the
+    message a reaction: short, or ending on a judgement of the answer, with no shift marker."""
+    letters = lead + content_chars(rest)
+    if letters <= ACKNOWLEDGEMENT_MAX_REST:
+        return True
+    if letters > ACKNOWLEDGEMENT_MAX_PRAISE or _SHIFT.search(rest) is not None:
+        return False
+    praised = [m.end() for m in _PRAISE.finditer(rest)]
+    return bool(praised) and content_chars(rest[praised[-1]:]) <= ACKNOWLEDGEMENT_MAX_LEAD

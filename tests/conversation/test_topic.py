@@ -139,7 +139,11 @@ def test_acknowledgements_are_reactions_never_jumps() -> None:
     for text in ("Thanks, that helps.", "Merci beaucoup", "Ok grazie", "ありがとう！",
                  "Danke, sehr hilfreich.", "好的，明白了", "Спасибо", "고마워", "D'accord, merci.",
                  # a thanks or an "ok" after a short interjection
-                 "wow, thanks", "понял, спасибо", "오 감사합니다", "ugh ok", "top, dank je"):
+                 "wow, thanks", "понял, спасибо", "오 감사합니다", "ugh ok", "top, dank je",
+                 # a thanks or an "ok" with a longer rest that ends judging the answer
+                 "Thank you, that's really helpful.", "ok it came out perfect ty",
+                 "ありがとうございます、助かりました", "ok merci j'y vois plus clair",
+                 "Danke, das hat mir echt geholfen"):
         assert is_acknowledgement(text), text
     # a question, an "ok" that goes on to say something new, a thanks after a request, or a
     # word of praise inside a statement is not a mere acknowledgement
@@ -147,7 +151,11 @@ def test_acknowledgements_are_reactions_never_jumps() -> None:
                  "Thanksgiving recipes please", "What does okay mean?",
                  "Write a thank you note for my aunt", "Prefiro o Super Mario 64",
                  "the food in Lisbon was great",
-                 "wow ok. and if it gets cold at night will it die"):
+                 "wow ok. and if it gets cold at night will it die",
+                 # praise, then more: a request, a question, a shift marker
+                 "Thanks, that was helpful. Now tell me about Paris",
+                 "thanks, really helpful! what about Lyon", "thanks btw is coffee better than tea",
+                 "ok that makes sense, by the way how do I renew a passport"):
         assert not is_acknowledgement(text), text
     d = default_detector()
     state = d.replay([("Wie lange muss ich Spaghetti kochen?", "Meist 8 bis 10 Minuten.")])
