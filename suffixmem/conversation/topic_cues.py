@@ -188,9 +188,10 @@ ACKNOWLEDGEMENT_MAX_REST = 16
 # (at most ``ACKNOWLEDGEMENT_MAX_LEAD`` letters after it) is still a reaction up to
 # ``ACKNOWLEDGEMENT_MAX_PRAISE`` letters ("Thank you, that's really helpful.", "ありがとうござい
 # ます、助かりました", "ok merci j'y vois plus clair"), unless it asks something or carries a
-# shift marker; "Thanks, that was helpful. Now tell me about Paris" goes on past the praise
+# shift marker; "Thanks, that was helpful. Now tell me about Paris" goes on past the praise.
+# No comparatives: "ok so which of the two laptops is better" asks, even without a "?"
 PRAISE: tuple[str, ...] = (
-    "helpful", "helps", "helped", "useful", "clear", "clearer", "better", "perfect", "worked",
+    "helpful", "helps", "helped", "useful", "clear", "perfect", "worked",
     "makes sense", "hilfreich", "hilft", "geholfen", "geklappt", "utile", "clair", "útil",
     "ajuda", "ajudou", "aiuta", "chiaro", "nuttig", "pomocne", "полезно", "помогли", "помогло",
     "помогает", "корисно", "допомогли",
