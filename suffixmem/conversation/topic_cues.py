@@ -201,6 +201,16 @@ ACKNOWLEDGEMENT_MAX_PRAISE = 40
 # of which at most this many before it: an interjection ("wow, thanks", "понял, спасибо",
 # "오 감사합니다"), not a request that happens to end in "great"
 ACKNOWLEDGEMENT_MAX_LEAD = 8
+# a rest that opens with one of these (after up to two ``DISCOURSE_WORDS``) asks, even typed
+# without a question mark: "ok how do i make ice clear" ends on a praise word but is a question
+INTERROGATIVES: tuple[str, ...] = (
+    "how", "what", "why", "where", "when", "which", "who", "can", "could", "should", "would",
+    "do", "does", "is", "are", "wie", "warum", "wo", "wann", "welche", "welcher", "kann",
+    "cómo", "qué", "por qué", "dónde", "cuándo", "cuál", "comment", "pourquoi", "où", "quand",
+    "quel", "quelle", "est-ce", "perché", "dove", "quale", "como", "onde", "qual",
+    "hoe", "waarom", "как", "почему", "где", "когда", "какой", "чому",
+    "怎么", "为什么", "為什麼", "どうやって", "どうすれば", "なぜ", "어떻게", "왜",
+)
 # pronouns count only in messages this short (`content_chars`)
 ANAPHORA_MAX_CONTENT = 25
 # a Chinese "X呢?" ("and X?"), Japanese "Xは?" or Korean "X은/는?" is a follow-up by its form
@@ -218,10 +228,11 @@ DISCOURSE_WORDS: tuple[str, ...] = (
     "pues", "vale", "entonces", "então", "entao", "pronto", "allora", "va", "bene", "dobrze",
     "no", "tak", "a", "i", "и", "а", "ну", "ладно", "так", "en", "nou", "goed", "och", "nå",
 )
-# the start of a clause, with up to two discourse words before the phrase (``RETURN_MARKERS``)
-_CLAUSE_START = (r"(?:^|[.!?;:,。！？；：，、]\s*)(?:(?:"
-                 + "|".join(sorted(map(re.escape, DISCOURSE_WORDS), key=len, reverse=True))
-                 + r")(?!\w)\W*){0,2}")
+# up to two discourse words; then the start of a clause, with them before the phrase
+# (``RETURN_MARKERS``)
+_DISCOURSE = (r"(?:(?:" + "|".join(sorted(map(re.escape, DISCOURSE_WORDS), key=len, reverse=True))
+              + r")(?!\w)\W*){0,2}")
+_CLAUSE_START = r"(?:^|[.!?;:,。！？；：，、]\s*)" + _DISCOURSE
 
 
 def _pattern(phrases: tuple[str, ...], anchored: bool,
@@ -244,6 +255,8 @@ _THANKS = _pattern(THANKS, anchored=False)
 _PRAISE = _pattern(PRAISE, anchored=False)
 _ADDITIVE = _pattern(ADDITIVES, anchored=False)
 _RETURN = _pattern(RETURN_MARKERS, anchored=False, spaced_start=_CLAUSE_START)
+_EXCLAIMED = re.compile(r"^\W*(?:(?:a|an|so|really|very|sehr|très|muy|molto)\s+)*")
+_ASKS = _pattern(INTERROGATIVES, anchored=True, spaced_start="^" + _DISCOURSE)
 
 
 def _clean(text: str) -> str:
@@ -303,6 +316,11 @@ def _reacts(rest: str, lead: int = 0) -> bool:
     if letters <= ACKNOWLEDGEMENT_MAX_REST:
         return True
     if letters > ACKNOWLEDGEMENT_MAX_PRAISE or _SHIFT.search(rest) is not None:
+        return False
+    rest = _LEADING.sub("", rest)
+    asks = _ASKS.search(rest)
+    # an exclamation judges ("what a helpful answer", "how useful", "wie hilfreich")
+    if asks is not None and not _PRAISE.match(_EXCLAIMED.sub("", rest[asks.end():])):
         return False
     praised = [m.end() for m in _PRAISE.finditer(rest)]
     return bool(praised) and content_chars(rest[praised[-1]:]) <= ACKNOWLEDGEMENT_MAX_LEAD

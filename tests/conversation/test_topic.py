@@ -143,7 +143,9 @@ def test_acknowledgements_are_reactions_never_jumps() -> None:
                  # a thanks or an "ok" with a longer rest that ends judging the answer
                  "Thank you, that's really helpful.", "ok it came out perfect ty",
                  "ありがとうございます、助かりました", "ok merci j'y vois plus clair",
-                 "Danke, das hat mir echt geholfen"):
+                 "Danke, das hat mir echt geholfen",
+                 # an exclamation that judges, though it opens like a question
+                 "thanks, what a helpful answer", "ok danke, wie hilfreich"):
         assert is_acknowledgement(text), text
     # a question, an "ok" that goes on to say something new, a thanks after a request, or a
     # word of praise inside a statement is not a mere acknowledgement
@@ -156,7 +158,10 @@ def test_acknowledgements_are_reactions_never_jumps() -> None:
                  "Thanks, that was helpful. Now tell me about Paris",
                  "thanks, really helpful! what about Lyon", "thanks btw is coffee better than tea",
                  "ok that makes sense, by the way how do I renew a passport",
-                 "ok so which of the two laptops is better"):
+                 "ok so which of the two laptops is better",
+                 # a question typed without a question mark that ends on a praise word
+                 "ok how do i make ice clear", "ok so how is that helpful",
+                 "ok wie mache ich eis klar", "ok 怎么做才清楚"):
         assert not is_acknowledgement(text), text
     d = default_detector()
     state = d.replay([("Wie lange muss ich Spaghetti kochen?", "Meist 8 bis 10 Minuten.")])
