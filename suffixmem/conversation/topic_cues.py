@@ -185,11 +185,11 @@ ACKNOWLEDGEMENTS: tuple[str, ...] = (
 # me about Rome" says more
 ACKNOWLEDGEMENT_MAX_REST = 16
 # words that judge the last answer: after a thanks or an "ok", a rest that ends on one of them
-# (at most ``ACKNOWLEDGEMENT_MAX_LEAD`` letters after it) is still a reaction up to
-# ``ACKNOWLEDGEMENT_MAX_PRAISE`` letters ("Thank you, that's really helpful.", "ありがとうござい
-# ます、助かりました", "ok merci j'y vois plus clair"), unless it asks something or carries a
-# shift marker; "Thanks, that was helpful. Now tell me about Paris" goes on past the praise.
-# No comparatives: "ok so which of the two laptops is better" asks, even without a "?"
+# (at most ``ACKNOWLEDGEMENT_MAX_TAIL`` letters after it: "ok it came out perfect ty") is still
+# a reaction up to ``ACKNOWLEDGEMENT_MAX_PRAISE`` letters ("Thank you, that's really helpful.",
+# "ありがとうございます、助かりました", "ok merci j'y vois plus clair"), unless it asks something
+# or carries a shift marker; "Thanks, that was helpful. Now tell me about Paris" goes on past
+# the praise. No comparatives: "ok so which of the two laptops is better" asks, even without a "?"
 PRAISE: tuple[str, ...] = (
     "helpful", "helps", "helped", "useful", "clear", "perfect", "worked",
     "makes sense", "hilfreich", "hilft", "geholfen", "geklappt", "utile", "clair", "útil",
@@ -201,6 +201,8 @@ ACKNOWLEDGEMENT_MAX_PRAISE = 40
 # of which at most this many before it: an interjection ("wow, thanks", "понял, спасибо",
 # "오 감사합니다"), not a request that happens to end in "great"
 ACKNOWLEDGEMENT_MAX_LEAD = 8
+# and after the praise word: a sign-off ("ty", "danke"), not a new request
+ACKNOWLEDGEMENT_MAX_TAIL = 8
 # a rest that opens with one of these (after up to two ``DISCOURSE_WORDS``) asks, even typed
 # without a question mark: "ok how do i make ice clear" ends on a praise word but is a question
 INTERROGATIVES: tuple[str, ...] = (
@@ -323,4 +325,4 @@ def _reacts(rest: str, lead: int = 0) -> bool:
     if asks is not None and not _PRAISE.match(_EXCLAIMED.sub("", rest[asks.end():])):
         return False
     praised = [m.end() for m in _PRAISE.finditer(rest)]
-    return bool(praised) and content_chars(rest[praised[-1]:]) <= ACKNOWLEDGEMENT_MAX_LEAD
+    return bool(praised) and content_chars(rest[praised[-1]:]) <= ACKNOWLEDGEMENT_MAX_TAIL
