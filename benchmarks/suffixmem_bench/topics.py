@@ -2,7 +2,7 @@
 
 Data sets (``topic_sets``, whose docstring describes each): ``chatterbot-<language>``
 sessions built from held-out topic files, and the conversation sets written for this project
-(``natural``, ``natural-fresh``, ``natural-blind`` ... ``natural-blind7`` and the stress set
+(``natural``, ``natural-fresh``, ``natural-blind`` ... ``natural-blind8`` and the stress set
 ``natural-hard``: ``topic_sets.CONVERSATION_SETS``), never tuned on.
 
 Tuning data (never scored): the English chatterbot tuning sessions and

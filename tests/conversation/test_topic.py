@@ -223,7 +223,8 @@ def test_bench_json_shape() -> None:
     assert set(r["datasets"]) == {"chatterbot-english", "chatterbot-chinese", "natural",
                                   "natural-fresh", "natural-blind", "natural-blind2",
                                   "natural-blind3", "natural-blind4", "natural-blind5",
-                                  "natural-blind6", "natural-blind7", "natural-hard"}
+                                  "natural-blind6", "natural-blind7", "natural-blind8",
+                                  "natural-hard"}
     for d in r["datasets"].values():
         assert set(d) >= {"f1", "precision", "recall", "baseline_f1", "length_f1", "turns",
                           "jumps"}
