@@ -230,10 +230,10 @@ DISCOURSE_WORDS: tuple[str, ...] = (
     "pues", "vale", "entonces", "então", "entao", "pronto", "allora", "va", "bene", "dobrze",
     "no", "tak", "a", "i", "и", "а", "ну", "ладно", "так", "en", "nou", "goed", "och", "nå",
 )
-# up to two discourse words; then the start of a clause, with them before the phrase
-# (``RETURN_MARKERS``)
+# up to two discourse words before a phrase (``INTERROGATIVES`` opening a rest: "ok so how ...")
 _DISCOURSE = (r"(?:(?:" + "|".join(sorted(map(re.escape, DISCOURSE_WORDS), key=len, reverse=True))
               + r")(?!\w)\W*){0,2}")
+# the start of a clause, with them before the phrase (``RETURN_MARKERS``)
 _CLAUSE_START = r"(?:^|[.!?;:,。！？；：，、]\s*)" + _DISCOURSE
 
 
