@@ -17,7 +17,10 @@ length rule's: what length alone finds) and ``length_auc`` (length as a jump sco
 turns and jumps scored, ``all_jumps_f1`` (the F1 of calling
 every turn a jump: a set near it carries little topic signal), ``similarity_auc`` (the rule's
 similarity as a jump score, ROC AUC: 0.5 means no threshold on TF-IDF similarity can find the
-set's jumps); ``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped
+set's jumps); for the sets independent readers labelled, ``reader_f1`` (``topic_readers``: how
+well a careful reader's jumps match the writer's, the ceiling the labels allow) and
+``chatterbot_reader`` (the same on 40 English chatterbot sessions, beside the detector's F1
+there); ``f1_min`` over data sets; ``ms_per_turn_p99`` and ``peak_mb`` of the shipped
 default detector on a 50-turn session in a fresh interpreter (what serving adds; this process
 also holds the corpus and the bench's own torch probe). ``--context-gain`` or
 ``--hidden-similarity`` adds the detector with that signal of the served model beside the
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from suffixmem.conversation.topic import (
@@ -44,6 +48,7 @@ from suffixmem.conversation.topic import (
 from suffixmem.conversation.topic_corpus import available_languages, load_topics
 from suffixmem.conversation.topic_signals import EXTRA_FEATURES, SignalModel
 from suffixmem_bench.measure import peak_rss_mb
+from suffixmem_bench.topic_readers import agreement, chatterbot_sample
 from suffixmem_bench.topic_scoring import (
     RuleDetector,
     best_length,
@@ -224,7 +229,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
     skipped: dict[str, list[str]] = {}  # fewer than two held-out topic files: no jump to score
 
     def score(name: str, detector: TopicDetector, sessions: list[Session],
-              topics: list[str] | None = None) -> None:
+              topics: list[str] | None = None, path: Path | None = None) -> None:
         if not sessions:
             skipped[name] = topics or []
             return
@@ -247,6 +252,8 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
             datasets[name]["topics"] = topics
         if gain is not None:
             d[gain.feature] = topic_gain.scores(detector, gain_model, gain, sessions)
+        if path is not None and (read := agreement(path)) is not None:
+            d.update(read)
 
     scored = [*(f"chatterbot-{lang}" for lang in langs),
               *(n for n in CONVERSATION_SETS if n == "natural" or n in wanted)]
@@ -262,7 +269,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
     for name, path in CONVERSATION_SETS.items():
         if name in scored:
             scoring(name)
-            score(name, TopicDetector(None, shipped, model), load_natural(path))
+            score(name, TopicDetector(None, shipped, model), load_natural(path), path=path)
     say("the default detector's time and memory in a fresh interpreter")
     serving = footprint()
     return {
@@ -277,6 +284,7 @@ def run_topics(n_sessions: int = 120, seed: int = 0, languages: Sequence[str] | 
                    "natural_tune_sessions": len(natural_tune), "scored": False},
         "session_construction": "contiguous" if contiguous else "shuffled",
         "tune_topics": tune_names, "test_topics": test_names, "skipped": skipped,
+        "chatterbot_reader": chatterbot_sample(TopicDetector(None, chat_feat, model)),
         **serving,
         "bench_process_peak_mb": round(peak_rss_mb(), 1),
         **({gain.feature: topic_gain.summary(gain_model, gain_tune_f1, gain, datasets,

@@ -235,6 +235,12 @@ def test_bench_json_shape() -> None:
         assert d["all_jumps_f1"] == pytest.approx(2 * rate / (rate + 1), abs=1e-4)
         assert 0.0 <= d["similarity_auc"] <= 1.0
     assert r["f1"] == r["datasets"]["natural"]["f1"]
+    # independent readers' agreement with the writers, on the sets they read
+    read = {n: d["readers"] for n, d in r["datasets"].items() if "reader_f1" in d}
+    assert read == {"natural": 1, "natural-blind7": 1, "natural-blind8": 2, "natural-hard": 1}
+    assert all(0 < r["datasets"][n]["reader_f1"] <= 1 for n in read)
+    cb = r["chatterbot_reader"]
+    assert cb["sessions"] == 40 and cb["jumps"] > 0 and 0 <= cb["f1"] <= 1
     from suffixmem_bench.topic_scoring import LENGTHS
 
     assert r["length_threshold"] in LENGTHS and 0 < r["length_tune_f1"] <= 1
