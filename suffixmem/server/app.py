@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suffixmem.conversation.manager import ConversationManager
-from suffixmem.server.errors import APIError, invalid_value, to_api_error
+from suffixmem.errors import SuffixmemError
+from suffixmem.server.errors import APIError, invalid_value, to_api_error, validation_error
 from suffixmem.server.protocol import ChatCompletionRequest, ErrorResponse
 from suffixmem.server.serving import SESSION_HEADER, ChatService, ServerConfig, namespace
 
@@ -89,16 +90,27 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        msg = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
-        return error_response(invalid_value(msg, param))
+        return error_response(validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # OpenAI answers an unknown route with an invalid_request_error too
+        if exc.status_code == 404:
+            return error_response(APIError(
+                404, f"no route {request.method} {request.url.path}", code="unknown_url"))
+        if exc.status_code == 400:  # FastAPI could not read the body (not UTF-8, say)
+            return error_response(invalid_value(f"request body: {exc.detail}", None))
+        return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    async def _mapped(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(to_api_error(exc))
+
+    # the library's errors (an unknown session, a busy one, bad input) are answers, not
+    # crashes: a handler per class runs inside Starlette's exception middleware and the
+    # connection stays open. The catch-all below runs in its server-error middleware, which
+    # re-raises after answering, so a keep-alive client would lose its connection.
+    for expected in (SuffixmemError, ValueError):
+        app.add_exception_handler(expected, _mapped)
 
     @app.exception_handler(Exception)
     async def _other(_: Request, exc: Exception) -> JSONResponse:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from suffixmem.conversation.locks import SessionBusyError
 from suffixmem.errors import (
@@ -66,3 +68,37 @@ def _param_of(message: str) -> str | None:
     if m and m.group(1) in ChatCompletionRequest.model_fields:
         return m.group(1)
     return "messages" if re.search(r"\bmessages?\b|\brole\b", message) else None
+
+
+# pydantic names the union member that failed in an error's location ("str",
+# "list[ContentPart]"); OpenAI's params name fields only
+_MEMBER_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _field(loc: Sequence[Any]) -> str | None:
+    """An error location as OpenAI writes a param: ``messages[0].content``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part != "body" and not (part in _MEMBER_TAGS or "[" in part or part[:1].isupper()):
+            out += f".{part}" if out else part
+    return out or None
+
+
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
+    """One 400 for FastAPI's validation errors: the first error's field, and every way its
+    value failed (a union reports one error per member: "stop: Input should be a valid string
+    or a valid list"). A body that is not JSON says so, without pydantic's location."""
+    if not errors:
+        return invalid_value("invalid request body", None)
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error")
+        return invalid_value("the request body is not valid JSON"
+                             + (f" ({detail})" if detail else ""), None)
+    param = _field(first.get("loc", ()))
+    wants = list(dict.fromkeys(str(e.get("msg", "invalid value")) for e in errors
+                               if _field(e.get("loc", ())) == param))
+    said = wants[0] + "".join(f" or {w.removeprefix('Input should be ')}" for w in wants[1:])
+    return invalid_value(f"{param or 'body'}: {said}", param)

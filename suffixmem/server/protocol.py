@@ -2,8 +2,10 @@
 
 They mirror OpenAI's chat-completions API (as vLLM's ``entrypoints/openai/protocol.py`` does),
 limited to what suffixmem implements. Unknown request fields are ignored, as OpenAI clients send
-optional fields freely; fields we know but cannot honour (``n > 1``, ``tools``) are rejected by
-the serving class with a 400 naming the field. Responses may carry one extra object,
+optional fields freely; fields we know but cannot honour (``n > 1``, ``tools``, ``logprobs``,
+non-zero penalties, a ``logit_bias``) are rejected by the serving class with a 400 naming the
+field. Scalars are strict, as OpenAI's API is: ``"temperature": "0.5"`` or ``true`` is a 400,
+not a number (an integer is a number: ``"temperature": 1``). Responses may carry one extra object,
 ``suffixmem`` (session id, TTFT, temperature, how the history was reconciled), which OpenAI
 clients ignore and the web page reads.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 
 class _Lenient(BaseModel):
@@ -32,7 +34,7 @@ class ChatMessage(_Lenient):
 
 
 class StreamOptions(_Lenient):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class JsonSchemaFormat(_Lenient):
@@ -47,25 +49,32 @@ class ResponseFormat(_Lenient):
 
 class ChatCompletionRequest(_Lenient):
     """``POST /v1/chat/completions``. ``prompt_cache_key`` and ``user`` name the session when
-    no ``X-Session-ID`` header does; ``top_k`` and ``ignore_eos`` are vLLM's extensions."""
+    no ``X-Session-ID`` header does; ``top_k`` and ``ignore_eos`` are vLLM's extensions.
+    ``logprobs``, ``top_logprobs``, the penalties and ``logit_bias`` are read only to refuse
+    what the engines cannot do (``ChatService``), never silently dropped."""
 
-    model: str | None = None
+    model: StrictStr | None = None
     messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = 1
-    stream: bool = False
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    top_k: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    n: StrictInt = 1
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    prompt_cache_key: str | None = None
-    user: str | None = None
-    ignore_eos: bool | None = None
+    prompt_cache_key: StrictStr | None = None
+    user: StrictStr | None = None
+    ignore_eos: StrictBool | None = None
     response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+    frequency_penalty: StrictFloat | None = None
+    presence_penalty: StrictFloat | None = None
+    logit_bias: dict[str, Any] | None = None
 
 
 class PromptTokensDetails(BaseModel):

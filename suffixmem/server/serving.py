@@ -178,6 +178,14 @@ class ChatService:
             raise invalid_value("n must be 1", "n")
         if req.tools:
             raise invalid_value("tools are not supported", "tools")
+        if req.logprobs or req.top_logprobs:
+            field = "logprobs" if req.logprobs else "top_logprobs"
+            raise invalid_value(f"{field} is not supported", field)
+        for field in ("frequency_penalty", "presence_penalty"):
+            if getattr(req, field):  # 0 is what a client sends by default: it changes nothing
+                raise invalid_value(f"{field} is not supported (only 0)", field)
+        if req.logit_bias:
+            raise invalid_value("logit_bias is not supported", "logit_bias")
         if req.model is not None and req.model not in (self.model_name,
                                                        *self.config.extra_model_names):
             raise APIError(404, f"model {req.model!r} is not served here; see /v1/models",

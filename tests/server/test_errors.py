@@ -55,6 +55,19 @@ USER = [{"role": "user", "content": "hi"}]
      "messages[0].content", "text parts"),
     ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
      "response_format", "schema"),
+    # strict types, as OpenAI's: a string or a boolean is no number
+    ({"messages": USER, "temperature": "0.5"}, "temperature", "valid number"),
+    ({"messages": USER, "temperature": True}, "temperature", "valid number"),
+    ({"messages": USER, "max_tokens": "10"}, "max_tokens", "valid integer"),
+    ({"messages": USER, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage", "valid boolean"),
+    # a union names the field, not pydantic's member tag, and every way the value failed
+    ({"messages": USER, "stop": 5}, "stop", "a valid string or a valid list"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
+    # what the engines cannot do is refused, never silently dropped
+    ({"messages": USER, "logprobs": True}, "logprobs", "not supported"),
+    ({"messages": USER, "frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
+    ({"messages": USER, "logit_bias": {"50256": -100}}, "logit_bias", "not supported"),
 ])
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_input_is_400(server: Server, body: dict, param: str | None, word: str,
@@ -81,8 +94,29 @@ def test_other_statuses(server: Server) -> None:
     assert e["param"] == "X-Session-ID"
     big = {"messages": [{"role": "user", "content": "a" * 70_000}]}
     assert error_of(post(server, big), 413)["code"] == "request_too_large"
-    error_of(post(server, None, raw=b"{not json"), 400)
-    error_of(httpx.get(server.url + "/v1/nothing", headers=AUTH), 404)
+    e = error_of(post(server, None, raw=b"{not json"), 400)
+    assert e["message"].startswith("the request body is not valid JSON") and e["param"] is None
+    e = error_of(post(server, None, raw=b'{"messages": "\xff"}'), 400)  # not UTF-8
+    assert e["code"] == "invalid_value" and str(e["message"]).startswith("request body: ")
+    e = error_of(post(server, {"messages": USER, "stream": "yes"}), 400)
+    assert e["param"] == "stream"
+    e = error_of(httpx.get(server.url + "/v1/nothing", headers=AUTH), 404)
+    assert (e["type"], e["code"]) == ("invalid_request_error", "unknown_url")
+    # the default penalties change nothing, so they are accepted
+    ok = post(server, {"messages": USER, "max_tokens": 1, "presence_penalty": 0,
+                       "frequency_penalty": 0.0, "logprobs": False})
+    assert ok.status_code == 200, ok.text
+
+
+def test_an_unknown_session_keeps_the_connection(server: Server) -> None:
+    """A 404 for an unknown session is an answer, not a crash: the same keep-alive connection
+    serves the next request (the catch-all handler re-raised it, and the server dropped the
+    connection under the client)."""
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as h:
+        for method in ("GET", "DELETE"):
+            err = error_of(h.request(method, "/v1/sessions/nobody-here"), 404)
+            assert err["code"] == "session_not_found"
+            assert h.get("/health").status_code == 200
 
 
 def test_openai_client_raises_typed_errors(server: Server) -> None:
