@@ -6,7 +6,12 @@ manager keeps one copy (SQL) and decides what the call means:
 - **new**: the session does not exist; it is created, with the sent history, in the same commit
   as the turn.
 - **appended**: the stored history (and system prompt) is a prefix of what was sent; the rest
-  (one user message, or tool results...) is appended with the reply.
+  (one user message, or tool results...) is appended with the reply. One user message alone
+  (after no system message, or after the stored system prompt) sent to a session that has
+  history is appended too: an app that names a session and sends only its new message
+  (``chat.invoke("And why?", config={"configurable": {"session_id": ...}})``) means "this
+  conversation", as ``chat`` and ``suffixmem serve`` read it; replacing the history with that
+  one message would delete it. To start over, delete the session or use another id.
 - **rewritten**: anything else (an edited or truncated history, another system prompt); the
   stored history is replaced by what was sent, atomically with the turn. ``dropped`` > 0 says
   the rewrite only dropped the oldest messages (a framework's sliding window, e.g. LangChain's
@@ -95,6 +100,9 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
         sp = system if system is not None else default_system
         return Reconciled("new", sp, tuple(before), tuple(tail), (*before, *tail), False)
     sp = system if system is not None else stored_system
+    if stored and not before and len(tail) == 1 and tail[0].role == "user" \
+            and sp == stored_system:  # only the new message: continue (module docstring)
+        return Reconciled("appended", sp, tuple(stored), tuple(tail), tuple(tail), False)
     conv = [*before, *tail]
     n = len(stored)
     prefix = sp == stored_system and n <= len(conv) and all(

@@ -27,6 +27,20 @@ def test_appended_keeps_the_stored_ids() -> None:
     assert r.history == tuple(STORED) and r.to_store == (Message("user", "four?"),)
 
 
+def test_only_the_new_message_continues_the_session() -> None:
+    """An app that names the session and sends only its new message continues it (as ``chat``
+    does); the stored history is kept, not replaced by the one message."""
+    four = Message("user", "four?")
+    for msgs in ([four], sent(four)):  # no system message, or the stored one
+        r = reconcile(msgs, STORED, SYSTEM, None)
+        assert r.kind == "appended" and not r.replace
+        assert r.history == tuple(STORED) and r.tail == r.to_store == (four,)
+    # another system prompt, two user messages, or an empty session: not a continuation
+    assert reconcile(sent(four, system="Be loud."), STORED, SYSTEM, None).kind == "rewritten"
+    assert reconcile([Message("user", "x"), four], STORED, SYSTEM, None).kind == "rewritten"
+    assert reconcile([four], [], SYSTEM, None).history == ()
+
+
 def test_a_sliding_window_drops_the_oldest_exchanges_and_keeps_the_ids() -> None:
     r = reconcile(sent(*map(plain, STORED[2:]), Message("user", "four?")), STORED, SYSTEM, None)
     assert r.kind == "rewritten" and r.replace and r.dropped == 2

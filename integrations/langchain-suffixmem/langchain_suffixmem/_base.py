@@ -136,7 +136,8 @@ class SuffixMemParams(BaseModel):
         ``InvalidRequestError`` (rather than being silently dropped); the values themselves are
         checked by the manager."""
         kwargs = dict(kwargs)
-        session_id = kwargs.pop("session_id", None) or self.session_id
+        # an explicit ``session_id=None`` is stateless for this call, not the instance's session
+        session_id = kwargs.pop("session_id") if "session_id" in kwargs else self.session_id
         kwargs.pop("model", None)  # the call's engine: ``_call_manager``
         kwargs.pop("stream", None)  # LangChain's own streaming switch
         unknown = sorted(set(kwargs) - SAMPLING_KWARGS)
@@ -195,7 +196,7 @@ class SessionConfigMixin:
 
     @staticmethod
     def _with_session(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if kwargs.get("session_id") is None:
+        if "session_id" not in kwargs:  # a call's own session_id (None: stateless) wins
             session_id = session_from_config(config)
             if session_id is not None:
                 kwargs = {**kwargs, "session_id": session_id}

@@ -42,7 +42,7 @@ from langchain_suffixmem._base import (
     awith_deadline,
     with_deadline,
 )
-from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
+from langchain_suffixmem.messages import STORED_KEY, readable, to_suffixmem
 from langchain_suffixmem.stored_turns import STORED_TURNS
 from langchain_suffixmem.tools import openai_tools, reply_chunk, tool_schema, with_tools_prompt
 from suffixmem.conversation.manager import ConversationManager, TurnResult
@@ -186,8 +186,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if schema is not None:
             sampling["json_schema"] = schema
         events = manager.stream_complete(  # bad input raises here
-            session_id, with_tools_prompt(to_suffixmem(messages), tools), show_schema=show,
-            **sampling)
+            session_id, with_tools_prompt(readable(to_suffixmem(messages)), tools),
+            show_schema=show, **sampling)
         for event in with_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
                 if not event.text or schema is not None:
@@ -215,8 +215,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         if schema is not None:
             sampling["json_schema"] = schema
         events = manager.astream_complete(
-            session_id, with_tools_prompt(to_suffixmem(messages), tools), show_schema=show,
-            **sampling)
+            session_id, with_tools_prompt(readable(to_suffixmem(messages)), tools),
+            show_schema=show, **sampling)
         async for event in awith_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
                 if not event.text or schema is not None:

@@ -10,8 +10,8 @@ calls then resend the graph's messages, the manager finds its stored turns as a 
 ```python
 from langchain_suffixmem import SuffixMemChatModel, SuffixMemSaver
 
-with SuffixMemSaver.from_conn_string("sqlite:///agent.db") as saver:
-    graph = builder.compile(checkpointer=saver)
+with SuffixMemSaver.from_conn_string("sqlite:///agent.db") as saver:  # or `async with`
+    graph = builder.compile(checkpointer=saver)   # builder: your StateGraph
     graph.invoke({"messages": [("user", "hi")]}, {"configurable": {"thread_id": "t1"}})
 ```
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -74,15 +73,24 @@ class SuffixMemSaver(BaseCheckpointSaver[str]):
         self.store = store or CheckpointStore(database_url or default_database_url())
 
     @classmethod
-    @contextmanager
     def from_conn_string(cls, conn_string: str, *,
-                         serde: SerializerProtocol | None = None) -> Iterator[SuffixMemSaver]:
-        """A saver on ``conn_string`` (a SQLAlchemy URL), closed when the block ends."""
-        saver = cls(conn_string, serde=serde)
-        try:
-            yield saver
-        finally:
-            saver.close()
+                         serde: SerializerProtocol | None = None) -> SuffixMemSaver:
+        """A saver on ``conn_string`` (a SQLAlchemy URL), for ``with`` or ``async with``
+        (LangGraph's sync savers use the one, its async savers the other; this saver is both),
+        closed when the block ends."""
+        return cls(conn_string, serde=serde)
+
+    def __enter__(self) -> SuffixMemSaver:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SuffixMemSaver:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await asyncio.to_thread(self.close)
 
     def setup(self) -> None:
         """Nothing to do: the store upgrades the schema (Alembic) when it connects."""

@@ -4,12 +4,13 @@ input, and generated token ids kept in SQL."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from adapter_setup import BAD_CONSTRUCTION, MODEL_PARAMS
 from langchain_core.messages import (
     AIMessage,
+    AnyMessage,
     BaseMessage,
     FunctionMessage,
     HumanMessage,
@@ -17,11 +18,16 @@ from langchain_core.messages import (
 )
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_suffixmem import SuffixMemChatModel, SuffixMemLLM
+from langgraph.graph.message import add_messages
 
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import ContextWindowError, InvalidRequestError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
+
+
+class _State(TypedDict):  # a LangGraph chat thread (module level: LangGraph reads the hints)
+    messages: Annotated[list[AnyMessage], add_messages]
 
 
 @pytest.fixture
@@ -53,6 +59,35 @@ def test_session_comes_from_config_then_instance(chat: SuffixMemChatModel) -> No
     assert out.response_metadata["session_id"] == "chain-session"
     streamed = list(chat.stream("Hi", config={"configurable": {"session_id": "stream-s"}}))
     assert streamed[-1].response_metadata["session_id"] == "stream-s"
+
+
+def test_only_the_new_message_continues_the_session(chat: SuffixMemChatModel) -> None:
+    """The README's pattern: a session in the config and only the new message each call. The
+    second call continues the session (the first turn kept, and in the prompt from cache)
+    instead of replacing the history with its one message."""
+    config: Any = {"configurable": {"session_id": "carol"}}
+    first = chat.invoke("My name is Carol.", config=config)
+    second = chat.invoke("What is my name?", config=config)
+    assert second.response_metadata["history"] == "appended"
+    stored = chat.get_manager().history("carol")
+    assert [(m.role, m.content) for m in stored] == [
+        ("user", "My name is Carol."), ("assistant", first.content),
+        ("user", "What is my name?"), ("assistant", second.content)]
+    usage = second.usage_metadata
+    assert usage is not None and usage["input_token_details"]["cache_read"] > 0
+    assert usage["input_tokens"] > first.usage_metadata["input_tokens"]  # type: ignore[index]
+
+
+def test_an_explicit_session_id_none_is_stateless(chat: SuffixMemChatModel) -> None:
+    """``session_id=None`` on a call means stateless, over the config's and the instance's
+    session (which stay untouched)."""
+    chat_with = chat.model_copy(update={"session_id": "dave"})
+    chat_with.invoke("Hello there.")
+    before = chat.get_manager().history("dave")
+    for call in ({}, {"config": {"configurable": {"session_id": "dave"}}}):
+        out = chat_with.invoke("Hi", session_id=None, **call)
+        assert out.response_metadata["history"] == "stateless"
+    assert chat.get_manager().history("dave") == before and len(before) == 2
 
 
 async def test_async_session_from_config(chat: SuffixMemChatModel) -> None:
@@ -188,6 +223,31 @@ def test_bad_messages_raise_value_error(chat: SuffixMemChatModel) -> None:
         ])
     with pytest.raises(InvalidRequestError, match="empty"):
         chat.invoke([HumanMessage("")])
+
+
+def test_an_empty_message_refused_once_does_not_poison_the_thread(
+    chat: SuffixMemChatModel, database_url: str
+) -> None:
+    """LangGraph checkpoints a thread's input before the model runs: an empty message is
+    refused (one line) on its turn, then left out of what the model reads, so the thread's
+    later turns work."""
+    from langchain_suffixmem import SuffixMemSaver
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(_State)
+    builder.add_node("agent", lambda state: {"messages": [chat.invoke(state["messages"])]})
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    config: Any = {"configurable": {"thread_id": "poison"}}
+    with SuffixMemSaver.from_conn_string(database_url) as saver:
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke({"messages": [("user", "Hi")]}, config)
+        with pytest.raises(InvalidRequestError, match="empty"):
+            graph.invoke({"messages": [("user", "")]}, config)
+        out = graph.invoke({"messages": [("user", "Hello again")]}, config)
+    assert out["messages"][-1].response_metadata["history"] == "appended"
+    # the same without LangGraph: an empty earlier message is left out
+    assert chat.invoke([HumanMessage(""), AIMessage("ok"), HumanMessage("hi")]).content
 
 
 def test_oversize_prompt_and_bad_arguments_raise_value_error(

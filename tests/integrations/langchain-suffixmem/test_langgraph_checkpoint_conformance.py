@@ -48,6 +48,20 @@ def test_from_conn_string_roundtrip(any_database_url: str) -> None:
         assert saver.get_tuple({"configurable": {"thread_id": "t"}}) is None
 
 
+@pytest.mark.asyncio
+async def test_from_conn_string_opens_with_async_with(any_database_url: str) -> None:
+    """LangGraph's async savers open with ``async with``; this one opens with either."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    async with SuffixMemSaver.from_conn_string(any_database_url) as saver:
+        cp = empty_checkpoint()
+        cfg = await saver.aput({"configurable": {"thread_id": "ta", "checkpoint_ns": ""}}, cp,
+                               {"source": "input", "step": -1}, {})
+        got = await saver.aget_tuple({"configurable": {"thread_id": "ta"}})
+        assert got is not None and got.config == cfg
+        await saver.adelete_thread("ta")
+
+
 def test_thread_id_is_required(tmp_path: object) -> None:
     from suffixmem.errors import InvalidRequestError
 

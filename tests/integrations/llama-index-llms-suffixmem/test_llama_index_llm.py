@@ -61,6 +61,22 @@ def test_chat_and_stream_chat(llm: SuffixMemLLM) -> None:
     assert "suffixmem_stored" not in last.message.additional_kwargs
 
 
+def test_a_call_with_session_id_none_leaves_the_session_alone(llm: SuffixMemLLM) -> None:
+    """``session_id=None`` on a call is stateless (docs/integrations.md), over the instance's
+    session: a side question through the same LLM neither rewrites nor extends the chat."""
+    bob = llm.model_copy(update={"session_id": "bob"})
+    bob.chat(QUESTION)
+    before = bob.get_manager().history("bob")
+    side = bob.chat([ChatMessage(role=MessageRole.USER, content="Hi")], session_id=None)
+    assert side.raw["usage"]["history"] == "stateless"
+    bob.complete("Say hello", session_id=None)
+    assert bob.get_manager().history("bob") == before and len(before) == 2
+    # without it, one new message continues the session rather than replacing it
+    more = bob.chat([ChatMessage(role=MessageRole.USER, content="And of Italy?")])
+    assert more.raw["usage"]["history"] == "appended"
+    assert bob.get_manager().history("bob")[:2] == before
+
+
 def test_complete_and_stream_complete(llm: SuffixMemLLM, shared_engine: Any) -> None:
     done = llm.complete("What is the capital of France?")
     assert "Paris" in done.text

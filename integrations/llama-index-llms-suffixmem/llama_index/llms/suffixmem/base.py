@@ -161,7 +161,8 @@ class SuffixMemLLM(FunctionCallingLLM):
     # -- translation ----------------------------------------------------------------------------
     def _call_args(self, kwargs: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
         kwargs = dict(kwargs)
-        session_id = kwargs.pop("session_id", None) or self.session_id
+        # an explicit ``session_id=None`` is stateless for this call, not the instance's session
+        session_id = kwargs.pop("session_id") if "session_id" in kwargs else self.session_id
         unknown = sorted(set(kwargs) - _SAMPLING_KWARGS)
         if unknown:
             raise InvalidRequestError(
