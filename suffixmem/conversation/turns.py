@@ -141,17 +141,25 @@ class Plan:
 def build_prompt(layout: Layout, engine: Any, spec: TurnSpec, max_model_len: int,
                  context_window: int | None, reply_reserve: int | None,
                  sampling: SamplingParams) -> Prompt:
-    """The layout's prompt for ``spec`` within the token budget (``ContextWindowError`` when
-    the reply reserve alone fills the window)."""
+    """The layout's prompt for ``spec`` within the token budget: the window less the reply
+    reserve. ``InvalidRequestError`` naming ``max_tokens`` when the reserve alone fills the
+    window; ``ContextWindowError`` (with the window, not the budget, and what the reserve
+    left) when the message does not fit what is left."""
     window = min(context_window or max_model_len, max_model_len)
     reserve = reply_reserve or sampling.max_tokens
     budget = window - reserve
     if budget <= 0:
+        raise InvalidRequestError(
+            f"max_tokens={reserve} alone fills the context window of {window} tokens; "
+            "lower max_tokens")
+    try:
+        return layout.build(engine, spec.system_prompt, spec.history, spec.tail, spec.context,
+                            spec.window_start, budget)
+    except ContextWindowError as e:  # the layout knows only the budget
         raise ContextWindowError(
-            0, window, f"max_tokens={reserve} alone fills the context window of {window} "
-            "tokens; lower max_tokens")
-    return layout.build(engine, spec.system_prompt, spec.history, spec.tail, spec.context,
-                        spec.window_start, budget)
+            e.prompt_tokens, window,
+            f"with max_tokens={reserve} at most {budget} prompt tokens fit; shorten the "
+            "message (with its context and the system prompt) or lower max_tokens") from None
 
 
 def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = False,

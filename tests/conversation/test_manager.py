@@ -219,6 +219,16 @@ def test_bad_input_is_rejected_and_changes_nothing(manager: ConversationManager)
             manager.chat("bad", empty)
     with pytest.raises(ContextWindowError):
         manager.chat("bad", "word " * 5000, max_tokens=8)
+    # a reply reserve that fills the window names max_tokens, not a "prompt of 0 tokens"
+    window = int(manager.engine.max_model_len)
+    with pytest.raises(InvalidRequestError, match=rf"^max_tokens=\d+ alone fills the context "
+                                                  rf"window of {window} tokens") as err:
+        manager.chat("bad", "hi", max_tokens=10**9)
+    assert not isinstance(err.value, ContextWindowError)
+    # one that leaves too little says the window, not what the reserve left of it
+    with pytest.raises(ContextWindowError, match=rf"window of {window} tokens: with max_tokens="
+                                                 rf"{window - 2} at most 2 prompt tokens fit"):
+        manager.chat("bad", "What is the capital of France?", max_tokens=window - 2)
     with pytest.raises(InvalidRequestError):
         manager.chat("bad", "hi", colour="red")
     with pytest.raises(InvalidRequestError):
