@@ -243,8 +243,9 @@ def ask(
     topic_signal: str = TOPIC_SIGNAL,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """One-shot question; the turn is stored (a new session unless --session names one) and
-    later turns reuse its cache. A failed turn stores nothing, not even an empty session."""
+    """One-shot question; the turn is stored (a new session unless --session names one). A
+    later ask --session continues it from SQL in a new process, which computes the history
+    again. A failed turn stores nothing, not even an empty session."""
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
                                message=text)
     with quiet_stdout():  # engine start-up logs go to stderr

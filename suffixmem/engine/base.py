@@ -21,8 +21,10 @@ Contract for subclasses (``VLLMEngine``, ``TorchEngine``, ``RemoteEngine``):
 
 from __future__ import annotations
 
+import atexit
 import threading
 import uuid
+import weakref
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -49,6 +51,19 @@ __all__ = ["BaseEngine", "Event", "one_line"]
 
 Event = TokenEvent | Result
 
+# engines of a class with ``close_at_exit`` that their owner never closed (a script that ends
+# without ``engine.close()``)
+_OPEN: weakref.WeakSet[BaseEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    """Close them before the interpreter tears down: their driver thread and the kernels'
+    nanobind objects would outlive it (a screen of "nanobind: leaked ..." lines on stderr, and
+    now and then "terminate called without an active exception")."""
+    for engine in list(_OPEN):
+        engine.close()
+
 
 class BaseEngine(Driver):
     """Shared behaviour; see the module docstring for what a subclass provides."""
@@ -57,6 +72,9 @@ class BaseEngine(Driver):
     model_name: str = ""
     max_model_len: int = 0
     supports_json_schema: bool = False
+    # closed at interpreter exit if still open (``_close_open_engines``); engines whose backend
+    # has its own exit handlers (vLLM) leave it off
+    close_at_exit: bool = False
     tokenizer: Any
     template: ChatTemplate
 
@@ -65,6 +83,8 @@ class BaseEngine(Driver):
         self._stats = EngineStats()
         self._stats_lock = threading.Lock()
         self._closed = False
+        if self.close_at_exit:
+            _OPEN.add(self)
         uuid.uuid4()  # a process's first os.urandom cost ~0.5 ms: not inside its first request
 
     # -- tokenizer trio -------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
 
     name = "torch"
     supports_json_schema = available()  # constrained decoding by xgrammar (grammar.py)
+    close_at_exit = True  # a script that never closes it exits quietly (base._OPEN)
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         super().__init__()

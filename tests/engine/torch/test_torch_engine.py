@@ -399,3 +399,24 @@ def test_close_fails_pending_work_instead_of_hanging() -> None:
         engine.run_in_driver(lambda e: e.block_pool.num_free)
     with pytest.raises(EngineClosedError):
         engine.generate(Request("closing", messages=[Message("user", "Hi")]))
+
+
+def test_an_engine_left_open_is_closed_quietly_at_exit(model_path: Any) -> None:
+    """A script that never closes its engine: the engine is closed at interpreter exit, so its
+    driver thread and the kernels' objects do not outlive the teardown (before, ~30 lines of
+    "nanobind: leaked ..." on stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from suffixmem.engine import create_engine\n"
+            "from suffixmem.engine.protocol import Message, Request, SamplingParams\n"
+            f"e = create_engine('torch', model={str(model_path)!r})\n"
+            "r = e.generate(Request(session_key='s', messages=[Message('user', 'Hi')],\n"
+            "                       sampling=SamplingParams(max_tokens=2, temperature=0.0)))\n"
+            "print(r.output_tokens)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "2"
+    assert "leaked" not in out.stderr and "terminate called" not in out.stderr, out.stderr[-2000:]
