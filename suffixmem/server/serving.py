@@ -1,7 +1,7 @@
 """The serving logic behind the routes: OpenAI requests in, ConversationManager turns out.
 
 ``ChatService`` knows nothing about HTTP routing; ``app`` maps routes onto it. Every turn goes
-through the manager (``astream_chat`` / ``astream_complete``), so sessions, the semantic
+through the manager (``astream_complete``), so sessions, the semantic
 temperature, prompt layout and atomic commits are the library's, not the server's.
 
 **Sessions.** The session is named by the ``X-Session-ID`` header, else ``prompt_cache_key``,
@@ -11,8 +11,9 @@ may send either
 - the whole conversation, OpenAI style: reconciled with the stored history (appended when the
   stored history is a prefix of it, otherwise replaced atomically with the turn); or
 - only the new message: a request holding exactly one user message (optionally after the
-  session's own system prompt) continues a session that already has history. To start such a
-  session over, ``DELETE /v1/sessions/{id}`` first.
+  session's own system prompt) continues a session that already has history (the manager's
+  reconciliation reads it so for every surface). To start such a session over,
+  ``DELETE /v1/sessions/{id}`` first.
 
 **Namespaces.** With API keys, every session id is stored as ``<namespace>.<id>``, the
 namespace a hash of the key, so one key can never read, continue or delete another's sessions
@@ -41,7 +42,7 @@ import anyio
 
 from suffixmem.conversation.manager import ConversationManager, TurnResult
 from suffixmem.engine.protocol import Message, TokenEvent
-from suffixmem.errors import InvalidRequestError, UnknownSessionError
+from suffixmem.errors import InvalidRequestError
 from suffixmem.server.errors import APIError, invalid_value, to_api_error
 from suffixmem.server.protocol import (
     AssistantMessage,
@@ -210,30 +211,17 @@ class ChatService:
 
     async def _events(self, req: ChatCompletionRequest, sid: str | None, ns: str = ""
                       ) -> AsyncIterator[TokenEvent | TurnResult]:
-        """The manager's event stream for ``req`` (chat for a new message only, else
-        complete); raises before any event for bad input."""
+        """The manager's event stream for ``req`` (``astream_complete``, whose reconciliation
+        continues a session sent only its new message); raises before any event for bad
+        input."""
         if not req.messages:
             raise invalid_value("messages must not be empty", "messages")
         msgs = [Message(m.role, _text(i, m)) for i, m in enumerate(req.messages)]
         sampling = self._sampling(req)
         schema = "json_schema" in sampling and sampling["json_schema"] is not None
-        if sid is not None and await asyncio.to_thread(self._new_message_only, sid, msgs):
-            return self.manager.astream_chat(sid, msgs[-1].content, **sampling)
         # stateless: the key's namespace scopes the derived cache key (no sharing across keys)
         return self.manager.astream_complete(sid, msgs, show_schema=schema, anon_scope=ns,
                                              **sampling)
-
-    def _new_message_only(self, sid: str, msgs: list[Message]) -> bool:
-        body = msgs[1:] if msgs and msgs[0].role == "system" else msgs
-        if len(body) != 1 or body[0].role != "user":
-            return False
-        try:
-            info = self.manager.get_session(sid)
-        except UnknownSessionError:
-            return False
-        if info.message_count == 0:
-            return False
-        return len(body) == len(msgs) or msgs[0].content == (info.system_prompt or "")
 
     def _admit(self) -> None:
         if self.pending >= self.config.max_pending:
