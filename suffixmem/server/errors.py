@@ -81,7 +81,7 @@ def _field(loc: Sequence[Any]) -> str | None:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part != "body" and not (part in _MEMBER_TAGS or "[" in part or part[:1].isupper()):
+        elif part != "body" and part not in _MEMBER_TAGS and "[" not in part:
             out += f".{part}" if out else part
     return out or None
 
