@@ -100,9 +100,6 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
         sp = system if system is not None else default_system
         return Reconciled("new", sp, tuple(before), tuple(tail), (*before, *tail), False)
     sp = system if system is not None else stored_system
-    if stored and not before and len(tail) == 1 and tail[0].role == "user" \
-            and sp == stored_system:  # only the new message: continue (module docstring)
-        return Reconciled("appended", sp, tuple(stored), tuple(tail), tuple(tail), False)
     conv = [*before, *tail]
     n = len(stored)
     prefix = sp == stored_system and n <= len(conv) and all(
@@ -113,6 +110,10 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
         merged = (*stored, *conv[n:])
         return Reconciled("appended", sp, merged[:len(before)], tuple(tail), tuple(conv[n:]),
                           False)
+    if not before and len(tail) == 1 and tail[0].role == "user" and sp == stored_system:
+        # only the new message, to a session with history: continue it (module docstring);
+        # after the prefix case, so a message a chat store already holds is not stored twice
+        return Reconciled("appended", sp, tuple(stored), tuple(tail), tuple(tail), False)
     d = _dropped(conv, stored) if sp == stored_system else 0
     # an edited history, or the same one under another system prompt (a RAG chat engine writes
     # each turn's passages into it): where the sent message still matches at its place, the

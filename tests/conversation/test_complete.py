@@ -86,6 +86,19 @@ def test_complete_turn_by_turn_equals_chat(manager: ConversationManager, engine:
     assert manager.get_session(comp_sid).temperature == manager.get_session(chat_sid).temperature
 
 
+def test_a_history_store_and_a_single_message_store_it_once(
+        manager: ConversationManager) -> None:
+    """A chat store appends the user message, then the framework sends that message alone
+    (LlamaIndex's first turn): it is answered and stored once, not continued as a new one."""
+    manager.open_session("held")
+    question = Message("user", "What is a croissant?")
+    manager.append_messages("held", [question])
+    turn = manager.complete("held", [question], max_tokens=4, seed=0)
+    assert turn.history == "appended"
+    assert [(m.role, m.content) for m in manager.history("held")] == [
+        ("user", "What is a croissant?"), ("assistant", turn.text)]
+
+
 def test_rewritten_stateless_and_schema(manager: ConversationManager, engine: Recorder) -> None:
     sid = "rw"
     t1 = manager.complete(sid, [Message("user", "Name a fruit.")], max_tokens=6, seed=0)

@@ -39,6 +39,9 @@ def test_only_the_new_message_continues_the_session() -> None:
     assert reconcile(sent(four, system="Be loud."), STORED, SYSTEM, None).kind == "rewritten"
     assert reconcile([Message("user", "x"), four], STORED, SYSTEM, None).kind == "rewritten"
     assert reconcile([four], [], SYSTEM, None).history == ()
+    # a message the framework's history store already holds is the prefix case: not twice
+    held = reconcile([four], [four], SYSTEM, None)
+    assert held.kind == "appended" and held.history == () and held.to_store == ()
 
 
 def test_a_sliding_window_drops_the_oldest_exchanges_and_keeps_the_ids() -> None:
