@@ -169,9 +169,12 @@ class ConversationManager(TurnPath):
         """Committed messages in order; assistant messages carry their generated token ids."""
         return [m.to_message() for m in self.store.messages(session_id)]
 
-    def append_messages(self, session_id: str, messages: Sequence[Message]) -> None:
+    def append_messages(self, session_id: str, messages: Sequence[Message], *,
+                        replace: bool = False) -> None:
         """Append messages without generating (for framework chat-history stores), atomically.
-        Empty non-assistant messages are rejected (they would poison every later turn)."""
+        Empty non-assistant messages are rejected (they would poison every later turn).
+        ``replace=True`` clears the history first (a chat store's ``set_messages``), only once
+        every message passed its checks: a bad one changes nothing."""
         check_session_id(session_id)
         new = []
         for i, m in enumerate(messages):
@@ -184,8 +187,13 @@ class ConversationManager(TurnPath):
             n = len(m.token_ids) if m.token_ids is not None else self.counter.count(m.content)
             new.append(NewMessage(m.role, m.content, m.token_ids, n))
         with self._locks.hold(session_id, "append_messages"):
-            self.store.append_messages(session_id, new)
+            if replace:
+                self.store.clear_history(session_id, self.temperature.initial())
+            if new:
+                self.store.append_messages(session_id, new)
             self._forget(session_id)
+        if replace:
+            self._release(session_id)
 
     def set_temperature_range(self, session_id: str, hot: float | None = None,
                               cold: float | None = None) -> SessionInfo:

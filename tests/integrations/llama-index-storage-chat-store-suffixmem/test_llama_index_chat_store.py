@@ -85,6 +85,36 @@ def test_unreadable_messages_raise_value_error(manager: Any) -> None:
     assert store.get_messages("k") == []
 
 
+async def test_a_bad_message_changes_nothing(manager: Any) -> None:
+    """One empty message in a batch: the stored history stays as it was (``set_messages``
+    cleared it first, the async ``add_messages`` kept the part before it)."""
+    from llama_index.storage.chat_store.suffixmem import SuffixMemAsyncChatStore
+
+    store = SuffixMemChatStore(manager=manager)
+    kept = [_m("user", "hi"), _m("assistant", "hello"), _m("user", "and you?")]
+    store.set_messages("k", kept)
+    bad = [_m("user", "New"), _m("user", "")]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.content is empty"):
+        store.set_messages("k", bad)
+    with pytest.raises(ValueError, match="empty"):
+        store.add_message("k", _m("user", " "), idx=0)
+    with pytest.raises(ValueError, match="empty"):
+        await SuffixMemAsyncChatStore(manager=manager).add_messages("k", bad)
+    assert [m.content for m in store.get_messages("k")] == ["hi", "hello", "and you?"]
+
+
+async def test_a_key_too_long_for_its_archive_is_refused_at_once(manager: Any) -> None:
+    """``Memory`` archives under ``<key>#archived``: a key that leaves no room for it is
+    refused on first use, not turns later when the first flush archives."""
+    from llama_index.storage.chat_store.suffixmem import SuffixMemAsyncChatStore
+
+    store = SuffixMemAsyncChatStore(manager=manager)
+    with pytest.raises(ValueError, match="key is too long: 125 characters, the limit is 119"):
+        await store.add_messages("y" * 125, [_m("user", "hi")])
+    await store.add_messages("y" * 119, [_m("user", "hi")])
+    assert await store.count_messages("y" * 119) == 1
+
+
 def test_a_repeated_message_is_stored_again(manager: Any) -> None:
     store = SuffixMemChatStore(manager=manager)
     for _ in range(2):

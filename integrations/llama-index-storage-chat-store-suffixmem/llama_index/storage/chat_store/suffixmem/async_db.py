@@ -22,6 +22,8 @@ from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore, Messag
 from llama_index.storage.chat_store.suffixmem.base import SuffixMemChatStore
 
 from suffixmem.conversation.manager import ConversationManager
+from suffixmem.conversation.validation import MAX_ID_LEN
+from suffixmem.errors import InvalidRequestError
 
 ARCHIVE_SUFFIX = "#archived"
 
@@ -56,7 +58,13 @@ class SuffixMemAsyncChatStore(AsyncDBChatStore):
 
     @staticmethod
     def _keys(key: str, status: MessageStatus | None) -> list[str]:
-        """Sessions holding ``key``'s messages of ``status``, oldest messages first."""
+        """Sessions holding ``key``'s messages of ``status``, oldest messages first. A key
+        whose archive session id would be too long is refused here, on its first use, not
+        when ``Memory`` first archives (turns later)."""
+        if isinstance(key, str) and len(key) + len(ARCHIVE_SUFFIX) > MAX_ID_LEN:
+            raise InvalidRequestError(
+                f"key is too long: {len(key)} characters, the limit is "
+                f"{MAX_ID_LEN - len(ARCHIVE_SUFFIX)} (its archive is '<key>{ARCHIVE_SUFFIX}')")
         if status is None:
             return [key + ARCHIVE_SUFFIX, key]
         return [key + ARCHIVE_SUFFIX] if MessageStatus(status) == MessageStatus.ARCHIVED else [key]
@@ -82,12 +90,7 @@ class SuffixMemAsyncChatStore(AsyncDBChatStore):
     async def add_messages(self, key: str, messages: list[ChatMessage],
                            status: MessageStatus = MessageStatus.ACTIVE) -> None:
         (target,) = self._keys(key, status)
-
-        def run() -> None:
-            for m in messages:
-                self._sync.add_message(target, m)
-
-        await asyncio.to_thread(run)
+        await asyncio.to_thread(self._sync.add_messages, target, messages)  # all or none
 
     async def set_messages(self, key: str, messages: list[ChatMessage],
                            status: MessageStatus = MessageStatus.ACTIVE) -> None:

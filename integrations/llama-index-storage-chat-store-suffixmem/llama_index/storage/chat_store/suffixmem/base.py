@@ -72,9 +72,8 @@ class SuffixMemChatStore(BaseChatStore):
 
     def _replace(self, key: str, messages: list[Message]) -> None:
         self._manager.open_session(key)
-        self._manager.clear_history(key)
-        if messages:
-            self._manager.append_messages(key, messages)
+        # every message checked before the history is cleared: a bad one changes nothing
+        self._manager.append_messages(key, messages, replace=True)
 
     def set_messages(self, key: str, messages: list[ChatMessage]) -> None:
         self._replace(key, to_suffixmem(messages))  # translation fails before anything changes
@@ -85,16 +84,22 @@ class SuffixMemChatStore(BaseChatStore):
     def add_message(self, key: str, message: ChatMessage, idx: int | None = None) -> None:
         """Append ``message`` (or insert it at ``idx``, as ``list.insert`` would), unless it is
         the reply the LLM already stored there (see the class docstring)."""
-        new = to_suffixmem_message(message)
         if idx is None:
-            if self._already_stored(key, message, new):
-                return
-            self._manager.open_session(key)
-            self._manager.append_messages(key, [new])
+            self.add_messages(key, [message])
             return
+        new = to_suffixmem_message(message)
         messages = self._read(key) or []
         messages.insert(idx, new)
         self._replace(key, messages)
+
+    def add_messages(self, key: str, messages: list[ChatMessage]) -> None:
+        """Append ``messages`` in one transaction (none of them if one is refused), leaving
+        out the replies the LLM already stored (see the class docstring)."""
+        pairs = [(m, to_suffixmem_message(m)) for m in messages]
+        fresh = [new for m, new in pairs if not self._already_stored(key, m, new)]
+        if fresh:
+            self._manager.open_session(key)
+            self._manager.append_messages(key, fresh)
 
     def _already_stored(self, key: str, message: ChatMessage, new: Message) -> bool:
         mark = message.additional_kwargs.get(STORED_KEY)
