@@ -16,7 +16,7 @@ import json
 import sys
 import uuid
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -34,11 +34,13 @@ from suffixmem.cli_help import unwrap_help
 from suffixmem.config import DEFAULT_MODEL, suffixmem_home
 from suffixmem.errors import (
     ConfigError,
-    InvalidRequestError,
     SuffixmemError,
     UnknownSessionError,
 )
 from suffixmem.stdio import quiet_stdout
+
+if TYPE_CHECKING:  # the manager loads lazily: --help and bad options stay fast
+    from suffixmem.conversation.manager import ConversationManager, SessionInfo
 
 try:  # typer >= 0.20 vendors click; older ones use click itself
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -189,41 +191,43 @@ def chat(
                 continue
             try:
                 check_text(text, "the message")
-            except InvalidRequestError as e:
-                console.print(f"[red]error:[/] {escape(str(e))}")
-                continue
-            if text.startswith("/"):
-                cmd = text.split()[0]
-                if cmd in ("/quit", "/exit"):
-                    break
-                if cmd == "/help":
-                    console.print("/new [system prompt] · /sessions · /stats · /quit")
-                elif cmd == "/new":
-                    rest = text[len("/new"):].strip() or system
-                    info = mgr.open_session(None, system_prompt=rest)
-                    console.print(f"new session [cyan]{info.id}[/]")
-                elif cmd == "/sessions":
-                    for s in mgr.list_sessions():
-                        mark = "*" if s.id == info.id else " "
-                        console.print(
-                            f"{mark} [cyan]{escape(s.id)}[/] {s.message_count} messages · "
-                            f"temperature {s.temperature:.2f} · {escape(s.title or '')}"
-                        )
-                elif cmd == "/stats":
-                    console.print_json(data=mgr.stats(info.id))
-                else:
-                    console.print(f"[red]unknown command {escape(cmd)}[/]; /help lists them")
-                continue
-            console.print("[bold blue]bot>[/] ", end="")
-            try:
+                if text.startswith("/"):
+                    if text.split()[0] in ("/quit", "/exit"):
+                        break
+                    info = _command(mgr, info, text, system)
+                    continue
+                console.print("[bold blue]bot>[/] ", end="")
                 _stream_turn(mgr.stream_chat(info.id, text, **sampling))
             except KeyboardInterrupt:
                 console.print("\n[yellow]cancelled; the turn was not stored[/]")
-            except SuffixmemError as e:
-                console.print(f"\n[red]error:[/] {escape(str(e))}")
+            except SuffixmemError as e:  # one line on stderr, then the next prompt
+                console.print()
+                err_console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
     finally:
         mgr.close()
         mgr.engine.close()
+
+
+def _command(mgr: ConversationManager, info: SessionInfo, text: str, system: str | None
+             ) -> SessionInfo:
+    """Run one REPL command (a line starting with "/"); returns the session now in use. A
+    library error (the session deleted by another process, say) reaches the REPL's handler."""
+    cmd = text.split()[0]
+    if cmd == "/help":
+        console.print("/new \\[system prompt] · /sessions · /stats · /quit")
+    elif cmd == "/new":
+        info = mgr.open_session(None, system_prompt=text[len("/new"):].strip() or system)
+        console.print(f"new session [cyan]{info.id}[/]")
+    elif cmd == "/sessions":
+        for s in mgr.list_sessions():
+            mark = "*" if s.id == info.id else " "
+            console.print(f"{mark} [cyan]{escape(s.id)}[/] {s.message_count} messages · "
+                          f"temperature {s.temperature:.2f} · {escape(s.title or '')}")
+    elif cmd == "/stats":
+        console.print_json(data=mgr.stats(info.id))
+    else:
+        console.print(f"[red]unknown command {escape(cmd)}[/]; /help lists them")
+    return info
 
 
 @app.command()

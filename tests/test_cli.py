@@ -227,3 +227,29 @@ def test_failed_ask_leaves_no_empty_session(tmp_path: Path) -> None:
     (line,) = _error_lines(r)
     assert "does not fit the context window" in line
     assert _session_rows(db) == 0
+
+
+@pytest.mark.slow
+def test_chat_repl_commands_survive_a_session_deleted_elsewhere(tmp_path: Path) -> None:
+    """Another process deletes the REPL's session: /stats reports it in one error line on
+    stderr and the REPL goes on (it ended with exit code 2 before); /help shows its
+    "[system prompt]" (Rich read it as markup and printed nothing)."""
+    import sqlite3
+
+    db = tmp_path / "db.sqlite"
+    env = {**os.environ, "SUFFIXMEM_DATABASE_URL": f"sqlite:///{db}"}
+    proc = subprocess.Popen([*EXE, "chat", "--engine", "torch", "--session", "gone", "--new"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("/sessions\n")
+    proc.stdin.flush()
+    while "gone" not in (line := proc.stdout.readline()) or "messages" not in line:
+        assert line, proc.stderr.read() if proc.stderr else ""  # EOF: the REPL ended
+    with sqlite3.connect(db) as conn:  # the other process
+        conn.execute("DELETE FROM sessions WHERE id = 'gone'")
+    out, err = proc.communicate("/stats\n/help\n/quit\n", timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert [line for line in err.splitlines() if "error: " in line] == [
+        "error: unknown session 'gone'"]
+    assert "/new [system prompt] · /sessions" in out
