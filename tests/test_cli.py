@@ -68,12 +68,12 @@ def test_bad_arguments_fail_fast_with_a_clear_message(tmp_path: Path) -> None:
 
 
 def test_help_shows_each_docstring_paragraph_as_one_flowing_text(tmp_path: Path) -> None:
-    # "ask"'s docstring is wrapped at "(a new session unless --session names one) and\n"; in the
+    # "ask"'s docstring is wrapped at "(a new session unless --session names one). A\n"; in the
     # command list rich would show that break as a line of its own, cut mid-sentence.
     r = _run(["--help"], tmp_path / "db.sqlite", COLUMNS="300")
     assert r.returncode == 0, r.stderr[-2000:]
     ask = next(line for line in r.stdout.splitlines() if " ask " in line)
-    assert "names one) and later turns reuse its cache" in ask, r.stdout
+    assert "names one). A later ask --session continues it from SQL" in ask, r.stdout
     r = _run(["bench", "--help"], tmp_path / "db.sqlite", COLUMNS="300")
     segments = next(line for line in r.stdout.splitlines() if " segments " in line)
     assert "reuse events, and the defaults per workload class." in segments, r.stdout

@@ -28,12 +28,16 @@ from suffixmem.conversation.topic import TopicDetector
 from suffixmem_bench.topic_scoring import evaluate, jump_scores
 from suffixmem_bench.topic_sets import load_natural
 
-READERS_DIR = Path(__file__).parent / "data" / "readers"
+DATA_DIR = Path(__file__).parent / "data"
+READERS_DIR = DATA_DIR / "readers"
 CHATTERBOT_SAMPLE = READERS_DIR / "chatterbot_english_sample.jsonl"
 
 
 def reader_files(data: Path) -> list[Path]:
-    """The readers' label files of the data file ``data`` (``<stem>.reader<k>.json``)."""
+    """The readers' label files of the data file ``data`` (``<stem>.reader<k>.json``); none
+    for a file outside the shipped data (a test's shortened copy of a set was not read)."""
+    if data.resolve().parent not in (DATA_DIR.resolve(), READERS_DIR.resolve()):
+        return []
     stem = data.stem.removesuffix("_sample")
     return sorted(READERS_DIR.glob(f"{stem}.reader*.json"))
 
