@@ -26,7 +26,7 @@ import threading
 import uuid
 import weakref
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from suffixmem.chat_template import ChatTemplate
@@ -83,9 +83,14 @@ class BaseEngine(Driver):
         self._stats = EngineStats()
         self._stats_lock = threading.Lock()
         self._closed = False
+        uuid.uuid4()  # a process's first os.urandom cost ~0.5 ms: not inside its first request
+
+    def _start_driver(self, thread_name: str, setup: Callable[[], None] | None = None) -> None:
+        super()._start_driver(thread_name, setup)
+        # only an engine that finished starting is closed at exit: a half-built one (its model
+        # failed to load) has nothing to close, and closing it would raise in the exit hook
         if self.close_at_exit:
             _OPEN.add(self)
-        uuid.uuid4()  # a process's first os.urandom cost ~0.5 ms: not inside its first request
 
     # -- tokenizer trio -------------------------------------------------------------------------
     def _load_tokenizer(self, path: Any) -> None:

@@ -420,3 +420,9 @@ def test_an_engine_left_open_is_closed_quietly_at_exit(model_path: Any) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "2"
     assert "leaked" not in out.stderr and "terminate called" not in out.stderr, out.stderr[-2000:]
+    # an engine whose construction failed is not left for the exit hook to close
+    failed = subprocess.run(
+        [sys.executable, "-c", "from suffixmem.engine import create_engine\n"
+         "create_engine('torch', model='/nonexistent/model')"],
+        capture_output=True, text=True, timeout=300)
+    assert "unknown model" in failed.stderr and "atexit" not in failed.stderr, failed.stderr
