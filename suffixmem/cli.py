@@ -32,11 +32,7 @@ from suffixmem.cli_checks import (
 )
 from suffixmem.cli_help import unwrap_help
 from suffixmem.config import DEFAULT_MODEL, suffixmem_home
-from suffixmem.errors import (
-    ConfigError,
-    SuffixmemError,
-    UnknownSessionError,
-)
+from suffixmem.errors import ConfigError, SuffixmemError, UnknownSessionError
 from suffixmem.stdio import quiet_stdout
 
 if TYPE_CHECKING:  # the manager loads lazily: --help and bad options stay fast
@@ -63,10 +59,8 @@ app.add_typer(bench_app, name="bench")
 
 BENCH_GROUP = "suffixmem.bench"  # entry points: NAME = "module:register", register(bench_app)
 
-
 UPSTREAM = typer.Option(
     None, "--upstream", help="vLLM server URL for --engine remote (repeat for replicas).")
-
 
 TOPIC_SIGNAL = typer.Option(
     "tfidf", "--topic-signal", help="What topic jumps weigh besides TF-IDF and conversation "

@@ -48,11 +48,7 @@ from suffixmem.conversation.reconcile import check_messages, reconcile
 from suffixmem.conversation.records import NewMessage, NewSession, totals
 from suffixmem.conversation.store import Store
 from suffixmem.conversation.temperature import scheme_for, session_range
-from suffixmem.conversation.topic import (
-    TopicDetector,
-    TopicVerdict,
-    default_detector,
-)
+from suffixmem.conversation.topic import TopicDetector, TopicVerdict, default_detector
 from suffixmem.conversation.topic_cache import TopicCache
 from suffixmem.conversation.turn_path import TurnPath
 from suffixmem.conversation.turns import (
@@ -64,11 +60,7 @@ from suffixmem.conversation.turns import (
     last_event,
     schema_instruction,
 )
-from suffixmem.conversation.validation import (
-    check_sampling,
-    check_session_id,
-    check_text,
-)
+from suffixmem.conversation.validation import check_sampling, check_session_id, check_text
 from suffixmem.engine.async_stream import aiter_events
 from suffixmem.engine.protocol import (
     Engine,
