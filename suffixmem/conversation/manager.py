@@ -179,10 +179,9 @@ class ConversationManager(TurnPath):
             n = len(m.token_ids) if m.token_ids is not None else self.counter.count(m.content)
             new.append(NewMessage(m.role, m.content, m.token_ids, n))
         with self._locks.hold(session_id, "append_messages"):
-            if replace:
-                self.store.clear_history(session_id, self.temperature.initial())
-            if new:
-                self.store.append_messages(session_id, new)
+            if new or replace:
+                self.store.append_messages(
+                    session_id, new, replace_at=self.temperature.initial() if replace else None)
             self._forget(session_id)
         if replace:
             self._release(session_id)

@@ -55,13 +55,7 @@ from suffixmem.conversation.records import (
     TurnEvent,
     aware,
 )
-from suffixmem.conversation.schema import (
-    MessageRow,
-    SegmentRow,
-    SessionRow,
-    TurnEventRow,
-    utcnow,
-)
+from suffixmem.conversation.schema import MessageRow, SegmentRow, SessionRow, TurnEventRow, utcnow
 from suffixmem.conversation.segment_store import SegmentQueries, SegmentSQL
 from suffixmem.conversation.turn_store import TurnQueries, TurnSQL
 from suffixmem.conversation.validation import check_session_id, check_text
@@ -331,14 +325,21 @@ class Store(TurnQueries, SegmentQueries):
             if m.token_ids is not None and m.role != "assistant":
                 raise InvalidRequestError("token_ids may only be stored for assistant messages")
 
-    def append_messages(self, session_id: str, messages: Sequence[NewMessage]) -> list[int]:
-        """Append messages atomically; returns their positions."""
+    def append_messages(self, session_id: str, messages: Sequence[NewMessage], *,
+                        replace_at: float | None = None) -> list[int]:
+        """Append messages atomically; returns their positions. With ``replace_at`` (a
+        temperature) the history is cleared first, as ``clear_history``, in the same
+        transaction: no reader, in this process or another, sees it half replaced."""
         self._check(messages)
         sid = check_session_id(session_id)
         self.pending.settle(sid)
 
         def run(s: Session) -> list[int]:
             row = self._lock_session(s, sid)
+            if replace_at is not None:
+                s.execute(delete(MessageRow).where(MessageRow.session_id == sid))
+                row.window_start = 0
+                row.temperature = replace_at
             stored = self._append(s.connection(), sid, messages)
             row.updated_at = utcnow()
             return [m.position for m in stored]
@@ -349,15 +350,7 @@ class Store(TurnQueries, SegmentQueries):
 
     def clear_history(self, session_id: str, temperature: float = START_TEMPERATURE) -> None:
         """Delete the session's messages and reset its window and ``temperature``."""
-        sid = check_session_id(session_id)
-        self.pending.settle(sid)
-        self.history_cache.drop(sid)
-        with self._tx() as s:
-            row = self._lock_session(s, sid)
-            s.execute(delete(MessageRow).where(MessageRow.session_id == sid))
-            row.window_start = 0
-            row.temperature = temperature
-            row.updated_at = utcnow()
+        self.append_messages(session_id, [], replace_at=temperature)
 
     def set_temperature_range(self, session_id: str, hot: float | None, cold: float | None,
                               clamp: Callable[[float], float]) -> SessionRecord:

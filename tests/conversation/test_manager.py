@@ -277,6 +277,12 @@ def test_fork_append_clear_delete(manager: ConversationManager, engine: FlakyEng
     manager.append_messages("orig", [Message("user", "Hi"), Message("assistant", "Hello!")])
     fork = manager.fork_session("orig", "forked")
     assert fork.message_count == 2 and fork.system_prompt == "Be brief."
+    # a replacement whose insert fails keeps the old history (delete and insert commit together)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(manager.store, "_append", lambda *a, **k: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            manager.append_messages("forked", [Message("user", "new")], replace=True)
+    assert [m.content for m in manager.history("forked")] == ["Hi", "Hello!"]
     manager.chat("forked", "How are you?", **GREEDY)
     assert len(manager.history("orig")) == 2 and len(manager.history("forked")) == 4
     ids = [s.id for s in manager.list_sessions()]

@@ -117,6 +117,27 @@ def test_commit_turn_is_one_transaction(db_url: str) -> None:
     st.close()
 
 
+def test_replacing_history_is_one_transaction(db_url: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat store's ``set_messages``: the old history goes only with the new one in."""
+    st = Store(db_url)
+    st.open_session("s")
+    st.append_messages("s", [NewMessage("user", "q"), NewMessage("assistant", "a")])
+    st.append_messages("s", [NewMessage("user", "q2")], replace_at=0.4)
+    assert [m.content for m in st.messages("s")] == ["q2"]
+    assert st.require_session("s").temperature == 0.4
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise StoreError("disk full")
+
+    monkeypatch.setattr(st, "_append", fail)  # the insert fails after the delete ran
+    with pytest.raises(StoreError):
+        st.append_messages("s", [NewMessage("user", "q3")], replace_at=0.8)
+    assert [m.content for m in st.messages("s")] == ["q2"]
+    assert st.require_session("s").temperature == 0.4
+    st.close()
+
+
 @pytest.mark.parametrize("same_session", [True, False])
 def test_concurrent_writers_lose_nothing(db_url: str, same_session: bool) -> None:
     st = Store(db_url)

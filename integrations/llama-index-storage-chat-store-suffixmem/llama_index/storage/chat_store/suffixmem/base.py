@@ -30,7 +30,8 @@ class SuffixMemChatStore(BaseChatStore):
     session. ``manager`` defaults to the process-wide one of ``engine`` and ``database_url``
     (``suffixmem.runtime.get_manager``): use the same as ``SuffixMemLLM``'s so both take the
     same session lock. Rewrites (``set_messages``, ``add_message`` with ``idx``,
-    ``delete_message``) clear the session and append the new list: two transactions.
+    ``delete_message``) replace the history in one transaction, once every message passed
+    its checks.
 
     **Replies the LLM already stored.** ``SuffixMemLLM`` (with ``session_id`` = the chat store
     key) stores each turn it generates through the manager; a chat engine then ``put``s the
