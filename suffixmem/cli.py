@@ -33,7 +33,7 @@ from suffixmem.cli_checks import (
 from suffixmem.cli_help import unwrap_help
 from suffixmem.config import DEFAULT_MODEL, suffixmem_home
 from suffixmem.errors import ConfigError, SuffixmemError, UnknownSessionError
-from suffixmem.stdio import quiet_stdout
+from suffixmem.stdio import quiet_start, quiet_stdout
 
 if TYPE_CHECKING:  # the manager loads lazily: --help and bad options stay fast
     from suffixmem.conversation.manager import ConversationManager, SessionInfo
@@ -169,7 +169,8 @@ def chat(
         # undecodable bytes become lone surrogates, which check_text rejects line by line,
         # instead of a UnicodeDecodeError that would end the REPL
         sys.stdin.reconfigure(errors="surrogateescape")
-    with err_console.status(f"starting the {engine} engine on {model} ..."), quiet_stdout():
+    with quiet_start() as terminal, Console(file=terminal).status(
+            f"starting the {engine} engine on {model} ..."):
         mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal)
     try:
         sid = _session_to_use(mgr, session, new)
@@ -246,7 +247,7 @@ def ask(
     again. A failed turn stores nothing, not even an empty session."""
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
                                message=text)
-    with quiet_stdout():  # engine start-up logs go to stderr
+    with quiet_start():
         mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal)
     try:
         sid = _session_to_use(mgr, session, new) or uuid.uuid4().hex

@@ -1,4 +1,5 @@
-"""Keeping a command's stdout clean for machine-readable output.
+"""Keeping a command's stdout clean for machine-readable output, and its terminal clean of
+an engine's start-up chatter.
 
 vLLM, torch and C++ extensions write logs straight to file descriptor 1; a ``--json`` command
 (the CLI's ``ask --json``, every ``suffixmem bench ... --json``) must print only its JSON there.
@@ -10,6 +11,8 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
 
 
 @contextlib.contextmanager
@@ -29,3 +32,43 @@ def quiet_stdout(active: bool = True) -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def quiet_start(log_path: Path | None = None) -> Iterator[TextIO]:
+    """Keep what an engine writes while it starts (vLLM's and torch's warnings, C++ lines,
+    progress bars: a dozen lines a user cannot act on) in ``log_path`` (default:
+    ``$SUFFIXMEM_HOME/logs/engine-start.log``) instead of the terminal; yields a stream on the
+    real stderr for a spinner. If the block raises, the log is copied to stderr before the
+    error goes on, so a failed start still shows what the engine said."""
+    if log_path is None:
+        from suffixmem.config import suffixmem_home
+
+        log_path = suffixmem_home() / "logs" / "engine-start.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    with open(log_path, "w+b") as log:
+        # fd level, not sys.stdout/sys.stderr: native code bypasses Python's streams
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        failed = False
+        try:
+            yield terminal
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            terminal.close()
+            if failed:
+                log.seek(0)
+                sys.stderr.write(log.read().decode("utf-8", "replace"))
+                sys.stderr.flush()

@@ -155,6 +155,7 @@ def test_ask_json_then_continue_the_session(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     first = json.loads(r.stdout)  # stdout holds only the JSON object
     assert "Paris" in first["text"]
+    assert r.stderr == ""  # vLLM's start-up warnings went to the start-up log
     for key in ("session_id", "prompt_tokens", "cached_tokens", "ttft_s", "latency_s"):
         assert key in first
     # continued on the torch engine: the stored session is the engine's business, not the

@@ -46,6 +46,11 @@ def _prepare_environment(config: EngineConfig, on_cuda: bool) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(config.kv_cache_gib)))
 
 
+class _NotOmpThreads(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("OMP_NUM_THREADS=")
+
+
 def choose_block_size(requested: int | None, on_cuda: bool) -> int:
     """vLLM's CPU attention needs a multiple of 32; CUDA's usual choice is 16."""
     if requested is None:
@@ -104,6 +109,9 @@ class VLLMEngine(BaseEngine):
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        # our own OMP_NUM_THREADS (see _prepare_environment) draws a warning a user cannot act on
+        logging.getLogger("vllm.utils.torch_utils").addFilter(_NotOmpThreads())
+
         self._load_tokenizer(self.model_path)
         args: dict[str, Any] = dict(
             model=str(self.model_path),
@@ -117,6 +125,7 @@ class VLLMEngine(BaseEngine):
             enforce_eager=(not on_cuda) if config.enforce_eager is None else config.enforce_eager,
             seed=config.seed,
             disable_log_stats=True,
+            use_tqdm_on_load=False,  # a bar for a load of a fraction of a second is noise
         )
         if config.max_num_batched_tokens is not None:
             args["max_num_batched_tokens"] = config.max_num_batched_tokens
