@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
-from suffixmem.conversation.manager import ConversationManager
+from suffixmem.conversation.manager import ConversationManager, ManagerConfig
 from suffixmem.engine import check_engine
 from suffixmem.engine.protocol import SamplingParams
 from suffixmem.errors import InvalidRequestError, ModelError
@@ -56,6 +56,9 @@ class SuffixMemParams(BaseModel):
     model: str = DEFAULT_MODEL
     engine_options: dict[str, Any] = Field(default_factory=dict)
     database_url: str | None = None
+    manager_config: ManagerConfig | None = Field(default=None, exclude=True)
+    """The manager's settings (``ManagerConfig``: ``rag_reuse``, ``layout``, ...); instances
+    with equal configs share one manager and its session locks."""
     session_id: str | None = None
     temperature: float | None = None
     max_tokens: int | None = None
@@ -96,10 +99,11 @@ class SuffixMemParams(BaseModel):
         if self._manager is None:
             if isinstance(self.engine, str):
                 self._manager = runtime.get_manager(
-                    self.engine, database_url=self.database_url, model=self.model,
-                    **self.engine_options)
+                    self.engine, database_url=self.database_url, config=self.manager_config,
+                    model=self.model, **self.engine_options)
             else:
-                self._manager = runtime.get_manager(self.engine, database_url=self.database_url)
+                self._manager = runtime.get_manager(self.engine, database_url=self.database_url,
+                                                    config=self.manager_config)
         return self._manager
 
     def _call_manager(self, kwargs: dict[str, Any]) -> tuple[ConversationManager, str]:
@@ -118,7 +122,8 @@ class SuffixMemParams(BaseModel):
                 f"{model!r} needs an engine name (engine='vllm' or 'torch')")
         try:
             manager = runtime.get_manager(self.engine, database_url=self.database_url,
-                                          model=model, **self.engine_options)
+                                          config=self.manager_config, model=model,
+                                          **self.engine_options)
         except ModelError as e:  # an unknown model is bad input to this call
             raise InvalidRequestError(f"model: {e}") from None
         return manager, model

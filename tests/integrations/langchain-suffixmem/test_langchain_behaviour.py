@@ -365,3 +365,22 @@ def test_anthropic_blocks_read_as_text() -> None:
     ]
     with pytest.raises(InvalidRequestError, match="'image' content block"):
         to_suffixmem([HumanMessage([{"type": "image", "url": "https://example.org/a.png"}])])
+
+
+def test_manager_config_reaches_the_manager(shared_engine: Any, database_url: str) -> None:
+    """``manager_config`` picks the manager's settings; equal configs share one manager (and
+    its session locks), the default config another."""
+    from suffixmem.conversation.manager import ManagerConfig
+
+    layout = ManagerConfig(layout="sliding")
+    chat = SuffixMemChatModel(**MODEL_PARAMS, manager_config=layout, database_url=database_url,
+                              max_tokens=4, temperature=0.0)
+    llm = SuffixMemLLM(**MODEL_PARAMS, manager_config=ManagerConfig(layout="sliding"),
+                       database_url=database_url)
+    plain = SuffixMemChatModel(**MODEL_PARAMS, database_url=database_url)
+    assert chat.get_manager().config.layout == "sliding"
+    assert chat.get_manager() is llm.get_manager()
+    assert plain.get_manager() is not chat.get_manager()
+    assert plain.get_manager().config.layout == "stable"
+    assert chat.invoke("Hi", config={"configurable": {"session_id": "mc"}}).content
+    assert [m.role for m in chat.get_manager().history("mc")] == ["user", "assistant"]

@@ -98,6 +98,9 @@ class SuffixMemLLM(FunctionCallingLLM):
     model: str = Field(default=DEFAULT_MODEL, description="model name or path")
     engine_options: dict[str, Any] = Field(default_factory=dict)
     database_url: str | None = Field(default=None, description="default: suffixmem's own")
+    manager_config: ManagerConfig | None = Field(
+        default=None, exclude=True,
+        description="the manager's settings (rag_reuse, layout, ...); equal configs share one")
     session_id: str | None = Field(default=None, description="the chat store key; None: stateless")
     temperature: float | None = None
     max_tokens: int | None = None
@@ -133,10 +136,11 @@ class SuffixMemLLM(FunctionCallingLLM):
         if self._manager is None:
             if isinstance(self.engine, str):
                 self._manager = runtime.get_manager(
-                    self.engine, database_url=self.database_url, model=self.model,
-                    **self.engine_options)
+                    self.engine, database_url=self.database_url, config=self.manager_config,
+                    model=self.model, **self.engine_options)
             else:
-                self._manager = runtime.get_manager(self.engine, database_url=self.database_url)
+                self._manager = runtime.get_manager(self.engine, database_url=self.database_url,
+                                                    config=self.manager_config)
         return self._manager
 
     @property
