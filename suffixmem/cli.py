@@ -296,6 +296,10 @@ def serve(
         "async", help="When a finished turn is stored: async (just after the reply; the "
         "default) or sync (before it is sent). See docs/conversation.md."),
     topic_signal: str = TOPIC_SIGNAL,
+    rag_reuse: bool | None = typer.Option(
+        None, "--rag-reuse/--no-rag-reuse", help="Reuse retrieved passages and history at new "
+        "positions when a client rewrites the passages in its system prompt (torch engine; "
+        "default: where the quality gate passed). See docs/segment-reuse.md."),
 ) -> None:
     """OpenAI-compatible HTTP server with sessions and a web chat page at / (see
     docs/server.md)."""
@@ -319,7 +323,8 @@ def serve(
     config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,
                           served_model_name=served_model_name)
     # checked before anything starts
-    manager_config = _manager_config(model, topic_signal, durability=durability)
+    manager_config = _manager_config(model, topic_signal, durability=durability,
+                                     rag_reuse=rag_reuse)
     err_console.print(f"suffixmem: serving on http://{host}:{port} "
                       f"({'API key required' if keys else 'no API key'})")
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,

@@ -146,6 +146,25 @@ def test_topic_signal_option_builds_the_detector(tmp_path: Path) -> None:
                     "--topic-signal must be tfidf, hidden or gain")
 
 
+def test_serve_rag_reuse_option_reaches_the_manager_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve --rag-reuse/--no-rag-reuse`` sets ``ManagerConfig.rag_reuse`` (default None:
+    the engine's gate decides); the server itself is not started here."""
+    import suffixmem.server
+    from suffixmem.cli import main
+
+    seen: list[object] = []
+    monkeypatch.setattr(suffixmem.server, "serve",
+                        lambda *a, **k: seen.append(k["manager_config"].rag_reuse))
+    monkeypatch.setenv("SUFFIXMEM_HOME", str(tmp_path))
+    for flag in (["--rag-reuse"], ["--no-rag-reuse"], []):
+        with pytest.raises(SystemExit) as done:
+            main(["serve", "--engine", "torch", "--database", f"sqlite:///{tmp_path}/s.db",
+                  *flag])
+        assert done.value.code == 0
+    assert seen == [True, False, None]
+
+
 @pytest.mark.slow
 def test_ask_json_then_continue_the_session(tmp_path: Path) -> None:
     db = tmp_path / "db.sqlite"
