@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from suffixmem import repl
 from suffixmem.cli_checks import (
     _check_database,
     _check_engine,
@@ -36,7 +37,7 @@ from suffixmem.errors import ConfigError, SuffixmemError, UnknownSessionError
 from suffixmem.stdio import quiet_start, quiet_stdout
 
 if TYPE_CHECKING:  # the manager loads lazily: --help and bad options stay fast
-    from suffixmem.conversation.manager import ConversationManager, SessionInfo
+    pass
 
 try:  # typer >= 0.20 vendors click; older ones use click itself
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -110,42 +111,6 @@ def _session_to_use(mgr: Any, session: str | None, new: bool) -> str | None:
     return session_to_use(exists, session, new)
 
 
-def _turn_line(turn: Any) -> str:
-    """The figures shown after every turn, the sampling temperature it used included."""
-    out_tokens = turn.result.output_tokens
-    tps = turn.result.decode_tokens_per_s
-    jump = " · [yellow]topic jump[/]" if turn.topic_jump else ""
-    return (
-        f"[dim]prompt {turn.prompt_tokens} · cached {turn.cached_tokens} · "
-        f"ttft {turn.ttft_s * 1000:.0f} ms · {out_tokens} tokens at {tps:.1f} tok/s · "
-        f"temperature {turn.temperature:.2f}{jump}[/]"
-    )
-
-
-def _stream_turn(events: Any) -> Any:
-    """Print a turn's tokens as they come; the final ``TurnResult`` (or None)."""
-    turn = None
-    for event in events:
-        if hasattr(event, "token_id"):
-            console.print(event.text, end="", markup=False, highlight=False)
-        else:
-            turn = event
-    console.print()
-    if turn is not None:
-        console.print(_turn_line(turn))
-    return turn
-
-
-def _read_line() -> str | None:
-    """One line of REPL input, None at end of input. Undecodable bytes come back as lone
-    surrogates (stdin uses surrogateescape) so the REPL can reject the line and go on."""
-    try:
-        return console.input("[bold green]you>[/] ")
-    except (EOFError, KeyboardInterrupt):
-        console.print()
-        return None
-
-
 @app.command()
 def chat(
     engine: str = typer.Option("vllm", help="Engine: vllm (default), torch or remote."),
@@ -180,49 +145,10 @@ def chat(
             f"[bold]suffixmem[/] chat — session [cyan]{escape(info.id)}[/] on {engine}/{model}. "
             "Type /help for commands."
         )
-        while (line := _read_line()) is not None:
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                check_text(text, "the message")
-                if text.startswith("/"):
-                    if text.split()[0] in ("/quit", "/exit"):
-                        break
-                    info = _command(mgr, info, text, system)
-                    continue
-                console.print("[bold blue]bot>[/] ", end="")
-                _stream_turn(mgr.stream_chat(info.id, text, **sampling))
-            except KeyboardInterrupt:
-                console.print("\n[yellow]cancelled; the turn was not stored[/]")
-            except SuffixmemError as e:  # one line on stderr, then the next prompt
-                console.print()
-                err_console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+        repl.run(mgr, info, sampling, system)
     finally:
         mgr.close()
         mgr.engine.close()
-
-
-def _command(mgr: ConversationManager, info: SessionInfo, text: str, system: str | None
-             ) -> SessionInfo:
-    """Run one REPL command (a line starting with "/"); returns the session now in use. A
-    library error (the session deleted by another process, say) reaches the REPL's handler."""
-    cmd = text.split()[0]
-    if cmd == "/help":
-        console.print("/new \\[system prompt] · /sessions · /stats · /quit")
-    elif cmd == "/new":
-        info = mgr.open_session(None, system_prompt=text[len("/new"):].strip() or system)
-        console.print(f"new session [cyan]{info.id}[/]")
-    elif cmd == "/sessions":
-        for s in mgr.list_sessions():
-            mark = "*" if s.id == info.id else " "
-            console.print(f"{mark} [cyan]{escape(s.id)}[/] {s.message_count} messages · "
-                          f"temperature {s.temperature:.2f} · {escape(s.title or '')}")
-    elif cmd == "/stats":
-        console.print_json(data=mgr.stats(info.id))
-    else:
-        console.print(f"[red]unknown command {escape(cmd)}[/]; /help lists them")
-    return info
 
 
 @app.command()
@@ -268,7 +194,7 @@ def ask(
                 "topic_jump": turn.topic_jump,
             }))
             return
-        _stream_turn(mgr.stream_chat(sid, text, create=True, **sampling))
+        repl.stream_turn(mgr.stream_chat(sid, text, create=True, **sampling))
         console.print(f"[dim]session {escape(sid)}[/]")
     finally:
         with quiet_stdout(as_json):

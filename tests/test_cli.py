@@ -268,8 +268,9 @@ def test_chat_repl_commands_survive_a_session_deleted_elsewhere(tmp_path: Path) 
         assert line, proc.stderr.read() if proc.stderr else ""  # EOF: the REPL ended
     with sqlite3.connect(db) as conn:  # the other process
         conn.execute("DELETE FROM sessions WHERE id = 'gone'")
-    out, err = proc.communicate("/stats\n/help\n/quit\n", timeout=120)
+    out, err = proc.communicate("/stats\n/help\n/frobnicate\n/quit\n", timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert [line for line in err.splitlines() if "error: " in line] == [
-        "error: unknown session 'gone'"]
+        "error: unknown session 'gone'", "error: unknown command /frobnicate; /help lists them"]
     assert "/new [system prompt] · /sessions" in out
+    assert err.count("\n") == 2 and "error" not in out  # no start-up log, no stray lines

@@ -1,0 +1,113 @@
+"""The interactive loop of ``suffixmem chat``: read a line, run a command or stream a turn,
+show its figures; a bad line or a failed turn prints one ``error: ...`` line on stderr and the
+loop goes on (docs/errors.md). The command line's options and engine start-up are ``cli``'s."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from suffixmem.cli_checks import check_text
+from suffixmem.errors import SuffixmemError
+
+if TYPE_CHECKING:  # the manager loads lazily: --help and bad options stay fast
+    from suffixmem.conversation.manager import ConversationManager, SessionInfo
+
+console = Console()
+err_console = Console(stderr=True)
+
+HELP = "/new \\[system prompt] · /sessions · /stats · /quit"  # \[: Rich markup, not a tag
+
+
+def run(mgr: ConversationManager, info: SessionInfo, sampling: dict[str, Any],
+        system: str | None) -> None:
+    """Chat on ``info``'s session until /quit or the end of input."""
+    while (line := read_line()) is not None:
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            check_text(text, "the message")
+            if text.startswith("/"):
+                if text.split()[0] in ("/quit", "/exit"):
+                    break
+                info = command(mgr, info, text, system)
+                continue
+            stream_turn(mgr.stream_chat(info.id, text, **sampling), "[bold blue]bot>[/] ")
+        except KeyboardInterrupt:
+            console.print("[yellow]cancelled; the turn was not stored[/]")
+        except SuffixmemError as e:  # one line on stderr, then the next prompt
+            error(str(e))
+
+
+def error(message: str) -> None:
+    err_console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
+
+
+def command(mgr: ConversationManager, info: SessionInfo, text: str, system: str | None
+            ) -> SessionInfo:
+    """Run one REPL command (a line starting with "/"); returns the session now in use. A
+    library error (the session deleted by another process, say) reaches the loop's handler."""
+    cmd = text.split()[0]
+    if cmd == "/help":
+        console.print(HELP)
+    elif cmd == "/new":
+        info = mgr.open_session(None, system_prompt=text[len("/new"):].strip() or system)
+        console.print(f"new session [cyan]{info.id}[/]")
+    elif cmd == "/sessions":
+        for s in mgr.list_sessions():
+            mark = "*" if s.id == info.id else " "
+            console.print(f"{mark} [cyan]{escape(s.id)}[/] {s.message_count} messages · "
+                          f"temperature {s.temperature:.2f} · {escape(s.title or '')}")
+    elif cmd == "/stats":
+        console.print_json(data=mgr.stats(info.id))
+    else:
+        error(f"unknown command {cmd}; /help lists them")
+    return info
+
+
+def turn_line(turn: Any) -> str:
+    """The figures shown after every turn, the sampling temperature it used included."""
+    out_tokens = turn.result.output_tokens
+    tps = turn.result.decode_tokens_per_s
+    jump = " · [yellow]topic jump[/]" if turn.topic_jump else ""
+    return (
+        f"[dim]prompt {turn.prompt_tokens} · cached {turn.cached_tokens} · "
+        f"ttft {turn.ttft_s * 1000:.0f} ms · {out_tokens} tokens at {tps:.1f} tok/s · "
+        f"temperature {turn.temperature:.2f}{jump}[/]"
+    )
+
+
+def stream_turn(events: Any, prefix: str = "") -> Any:
+    """Print a turn's tokens as they come, after ``prefix``; the final ``TurnResult`` (or
+    None). The prefix waits for the first event, so a turn refused before it starts (the
+    context window, say) leaves stdout alone, and a started line is always ended."""
+    turn = None
+    started = False
+    try:
+        for event in events:
+            if not started:
+                console.print(prefix, end="")
+                started = True
+            if hasattr(event, "token_id"):
+                console.print(event.text, end="", markup=False, highlight=False)
+            else:
+                turn = event
+    finally:
+        if started:
+            console.print()
+    if turn is not None:
+        console.print(turn_line(turn))
+    return turn
+
+
+def read_line() -> str | None:
+    """One line of input, None at end of input. Undecodable bytes come back as lone
+    surrogates (stdin uses surrogateescape) so the loop can reject the line and go on."""
+    try:
+        return console.input("[bold green]you>[/] ")
+    except (EOFError, KeyboardInterrupt):
+        console.print()
+        return None
