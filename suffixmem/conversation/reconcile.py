@@ -18,7 +18,8 @@ manager keeps one copy (SQL) and decides what the call means:
   ``trim_messages``): the kept ones are the stored ones, with their generated ids.
 - **stateless**: ``session_id=None``; nothing is stored (see ``anon_key``).
 
-A leading ``system`` message is the session's system prompt. The messages after the last
+A leading ``system`` message is the session's system prompt (a stored one too, as a framework's
+history store writes it, when the session has no other). The messages after the last
 assistant message form the *tail* the model answers (at least one, none of them assistant).
 Assistant messages matched against stored ones are rendered from the stored generated token
 ids (one place for token ids: SQL), so the prompt is the one ``chat`` would have built.
@@ -99,6 +100,10 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
     if stored is None:
         sp = system if system is not None else default_system
         return Reconciled("new", sp, tuple(before), tuple(tail), (*before, *tail), False)
+    if stored and stored[0].role == "system" and stored_system in (None, stored[0].content):
+        # a history store wrote the system message as one (a chat store's set_messages): it is
+        # the system prompt it would be if sent, and it stays a stored message for that store
+        stored_system, stored = stored[0].content, stored[1:]
     sp = system if system is not None else stored_system
     conv = [*before, *tail]
     n = len(stored)

@@ -79,3 +79,17 @@ def test_another_system_prompt_keeps_the_stored_ids() -> None:
     r = reconcile(sent(*edited, system="Context: y."), STORED, SYSTEM, None)
     assert r.history[:2] == tuple(STORED[:2]) and r.history[2] == Message("user", "TWO?")
     assert r.history[3] == STORED[3] and r.history[3].token_ids == (17,)
+
+
+def test_a_stored_leading_system_message_is_the_system_prompt() -> None:
+    """A chat store's ``set_messages([system, ...])`` stores the system message as a message;
+    the framework then resends it first: that continues the session (it was read as a
+    rewrite, which recomputed the whole prompt and moved the message out of the store)."""
+    stored = [Message("system", SYSTEM), *STORED]
+    four = Message("user", "four?")
+    for stored_system in (None, SYSTEM):
+        r = reconcile(sent(*map(plain, STORED), four), stored, stored_system, None)
+        assert r.kind == "appended" and not r.replace and r.system_prompt == SYSTEM
+        assert r.history == tuple(STORED) and r.to_store == (four,)
+    r = reconcile(sent(*map(plain, STORED), four, system="Be loud."), stored, None, None)
+    assert r.kind == "rewritten" and r.system_prompt == "Be loud."

@@ -157,6 +157,26 @@ def test_chat_engine_memory_in_the_store(
     assert usages[2]["cached_tokens"] >= (previous - 1) // block * block > 0
 
 
+def test_a_system_message_set_in_the_store_stays_and_the_turn_continues(
+    shared_engine: Any, manager: Any, database_url: str
+) -> None:
+    """``set_messages([system, user, assistant])``, then the LLM answers the same history plus
+    a question: the turn continues the session (it was read as a rewrite, which recomputed the
+    prompt and moved the system message out of ``get_messages``)."""
+    store = SuffixMemChatStore(manager=manager)
+    history = [_m("system", "You are terse."), _m("user", "Hi"), _m("assistant", "Hello!")]
+    store.set_messages("li-system", history)
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=8, temperature=0.0, session_id="li-system",
+                       database_url=database_url)
+    first = llm.chat([*history, _m("user", "Name a colour.")])
+    assert first.raw["usage"]["history"] == "appended"
+    assert _view(store.get_messages("li-system"))[:4] == [
+        *_view(history), (MessageRole.USER, "Name a colour.")]
+    second = llm.chat([*store.get_messages("li-system"), _m("user", "Another one?")])
+    assert second.raw["usage"]["history"] == "appended"
+    assert second.raw["usage"]["cached_tokens"] >= shared_engine.block_size
+
+
 def test_sync_store_imports_on_a_core_without_async_db_chat_stores() -> None:
     """``SuffixMemAsyncChatStore`` is imported on first use: where its module cannot import (a
     llama-index-core older than 0.14.24 has no ``AsyncDBChatStore``; simulated by refusing the
