@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 
 from suffixmem.conversation.manager_config import ManagerConfig
 from suffixmem.server.serving import ServerConfig
@@ -40,8 +44,30 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
             if host not in ("127.0.0.1", "localhost", "::1") and not (config and config.api_keys):
                 log.warning("serving on %s without an API key: anyone who can reach it can "
                             "read every session", host)
-            uvicorn.run(app, host=host, port=port, log_level=log_level)
+            with _sigterm_exits():
+                uvicorn.run(app, host=host, port=port, log_level=log_level)
         finally:
             mgr.close()
     finally:
         eng.close()
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """SIGTERM (systemd, docker stop, Kubernetes) stops the server as Ctrl-C does: uvicorn
+    drains, then re-raises the signal it caught, which Python's default SIGTERM action turned
+    into an instant exit that skipped ``close()``: the turns still being stored were lost and
+    the engine never closed. Here the re-raised signal ends the process with ``SystemExit(0)``
+    after the callers' ``finally`` blocks."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

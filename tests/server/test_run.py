@@ -28,3 +28,58 @@ def test_serve_builds_its_manager_with_the_given_durability(
     serve(port=8765, engine="torch", database_url=f"sqlite:///{tmp_path / 's.db'}",
           max_model_len=512, manager_config=ManagerConfig(durability="sync"))
     assert seen["config"].durability == "sync" and seen["kw"]["port"] == 8765
+
+
+@pytest.mark.slow
+def test_sigterm_stores_the_answered_turn_and_closes(tmp_path: Path) -> None:
+    """``kill -TERM`` right after a reply (how systemd, docker and Kubernetes stop a service):
+    the turn the client got is stored and the process exits 0 after closing (uvicorn re-raised
+    the signal, whose default action killed the process before ``close()``: exit 143, the
+    write-behind turn lost, SQLite's WAL left behind)."""
+    import os
+    import signal
+    import socket
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = tmp_path / "s.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "suffixmem.cli", "serve", "--engine", "torch", "--port",
+         str(port), "--max-model-len", "512", "--database", f"sqlite:///{db}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "SUFFIXMEM_HOME": os.environ.get("SUFFIXMEM_HOME", str(tmp_path))})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.5)
+        r = httpx.post(f"{url}/v1/chat/completions", headers={"X-Session-ID": "t1"}, timeout=120,
+                       json={"messages": [{"role": "user", "content": "Say one."}],
+                             "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200, r.text
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert not (tmp_path / "s.db-wal").exists()  # closed: the WAL was checkpointed away
+    conn = sqlite3.connect(db)
+    roles = [r[0] for r in conn.execute(
+        "SELECT role FROM messages WHERE session_id = 't1' ORDER BY position")]
+    conn.close()
+    assert roles == ["user", "assistant"]
