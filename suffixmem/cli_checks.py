@@ -34,9 +34,10 @@ def check_text(text: str, field: str) -> str:
 
 
 def _check_database(url: str | None) -> str:
-    """The database URL, parsed and opened once, before any engine starts: a typo costs a
-    second, not an engine start-up. Messages show the URL with its password masked."""
-    from suffixmem.conversation.database import make_engine
+    """The database URL, parsed, opened and upgraded to the newest schema once, before any
+    engine starts: a typo costs a second, not an engine start-up. Messages show the URL with
+    its password masked."""
+    from suffixmem.conversation.database import make_engine, upgrade
 
     url = database_url(url)
     eng = make_engine(url)  # our URL options (``?synchronous=``) are checked here
@@ -44,8 +45,13 @@ def _check_database(url: str | None) -> str:
         try:
             with eng.connect():
                 pass
+            # the schema too, which the manager would upgrade once the engine had started: a
+            # database of a newer suffixmem or of another application fails here (StoreError)
+            upgrade(eng)
         finally:
             eng.dispose()
+    except StoreError:
+        raise
     except Exception as e:
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()
         detail = reason[0] if reason else type(e).__name__

@@ -118,6 +118,17 @@ def test_ask_checks_the_database_before_starting_the_engine(tmp_path: Path) -> N
     missing_dir = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir.db'}"
     _one_line_error(_run(["ask", "--database", missing_dir, "hi"], tmp_path / "x"),
                     "cannot open the database")
+    # a schema this suffixmem does not know (a newer one migrated it): one line, before the
+    # engine starts (it was a 343-line traceback after the start); an unreachable upstream
+    # shows that no engine was tried
+    future = tmp_path / "future.db"
+    with sqlite3.connect(future) as conn:
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        conn.execute("INSERT INTO alembic_version VALUES ('0099_from_the_future')")
+    for command in (["ask", "hi"], ["serve"]):
+        _one_line_error(_run([*command, "--database", f"sqlite:///{future}", "--engine",
+                              "remote", "--upstream", "http://127.0.0.1:9"], tmp_path / "x"),
+                        "0099_from_the_future", "newer suffixmem")
 
 
 def test_topic_signal_option_builds_the_detector(tmp_path: Path) -> None:

@@ -282,16 +282,21 @@ def current_revision(url_or_engine: str | Engine) -> str | None:
 
 def _migrate(url_or_engine: str | Engine, direction: str, revision: str) -> None:
     from alembic import command
+    from alembic.util.exc import CommandError
 
     engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+    where = f"cannot {direction} database {mask_url(str(engine.url))} to {revision!r}"
     try:
         with engine.begin() as conn:
             getattr(command, direction)(alembic_config(conn), revision)
     except SQLAlchemyError as e:
         raise StoreError(
-            f"cannot {direction} database {mask_url(str(engine.url))} to {revision!r}: "
-            f"{mask(reason(e), engine.url.render_as_string(hide_password=False))}"
+            f"{where}: {mask(reason(e), engine.url.render_as_string(hide_password=False))}"
         ) from e
+    except CommandError as e:  # a revision this suffixmem does not know: a newer one wrote it
+        detail = " ".join(str(e).split())
+        raise StoreError(f"{where}: {detail} (a database written by a newer suffixmem? "
+                         "upgrade suffixmem, or use another database)") from e
     finally:
         if isinstance(url_or_engine, str):
             engine.dispose()

@@ -117,6 +117,17 @@ def test_commit_turn_is_one_transaction(db_url: str) -> None:
     st.close()
 
 
+def test_a_schema_revision_from_a_newer_suffixmem_is_a_store_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'future.db'}"
+    Store(url).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0099_from_the_future'")
+    engine.dispose()
+    with pytest.raises(StoreError, match=r"0099_from_the_future.*newer suffixmem"):
+        Store(url)
+
+
 def test_replacing_history_is_one_transaction(db_url: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A chat store's ``set_messages``: the old history goes only with the new one in."""
