@@ -26,6 +26,7 @@ from suffixmem import repl
 from suffixmem.cli_checks import (
     _check_database,
     _check_engine,
+    _check_port,
     _manager_config,
     _preflight,
     check_text,
@@ -244,6 +245,7 @@ def serve(
     if engine != "remote" and upstream:
         raise ConfigError("--upstream is only used with --engine remote")
     url = _check_database(database)
+    _check_port(host, port)
     keys = tuple(api_key or [k.strip() for k in os.environ.get("SUFFIXMEM_API_KEY", "").split(",")
                              if k.strip()])
     config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,

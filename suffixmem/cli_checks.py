@@ -64,6 +64,23 @@ def _check_database(url: str | None) -> str:
     return url
 
 
+def _check_port(host: str, port: int) -> None:
+    """That the server can listen on ``host:port``, checked before the engine starts (uvicorn
+    reported a taken port after it, and accepted a port above 65535)."""
+    import socket
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be 1..65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind(address)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def _sampling(max_tokens: int, temperature: float | None) -> dict[str, Any]:
     """Sampling options for the manager, validated before paying for an engine start; without
     a temperature the session's semantic temperature applies."""

@@ -157,6 +157,20 @@ def test_topic_signal_option_builds_the_detector(tmp_path: Path) -> None:
                     "--topic-signal must be tfidf, hidden or gain")
 
 
+def test_serve_checks_its_port_before_the_engine_starts(tmp_path: Path) -> None:
+    """A port out of range or already taken is one line before the engine starts (uvicorn
+    said so after a 30 s start, among 20 lines, and served 99999 nowhere)."""
+    import socket
+
+    _one_line_error(_run(["serve", "--port", "99999"], tmp_path / "x"), "--port must be 1..65535")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        _one_line_error(_run(["serve", "--port", str(port)], tmp_path / "x"),
+                        f"cannot listen on 127.0.0.1:{port}")
+
+
 def test_serve_rag_reuse_option_reaches_the_manager_config(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``serve --rag-reuse/--no-rag-reuse`` sets ``ManagerConfig.rag_reuse`` (default None:
@@ -168,10 +182,15 @@ def test_serve_rag_reuse_option_reaches_the_manager_config(
     monkeypatch.setattr(suffixmem.server, "serve",
                         lambda *a, **k: seen.append(k["manager_config"].rag_reuse))
     monkeypatch.setenv("SUFFIXMEM_HOME", str(tmp_path))
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])  # free: serve checks it can listen there
     for flag in (["--rag-reuse"], ["--no-rag-reuse"], []):
         with pytest.raises(SystemExit) as done:
             main(["serve", "--engine", "torch", "--database", f"sqlite:///{tmp_path}/s.db",
-                  *flag])
+                  "--port", port, *flag])
         assert done.value.code == 0
     assert seen == [True, False, None]
 
