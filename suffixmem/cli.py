@@ -245,7 +245,6 @@ def serve(
     if engine != "remote" and upstream:
         raise ConfigError("--upstream is only used with --engine remote")
     url = _check_database(database)
-    _check_port(host, port)
     keys = tuple(api_key or [k.strip() for k in os.environ.get("SUFFIXMEM_API_KEY", "").split(",")
                              if k.strip()])
     config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,
@@ -253,6 +252,7 @@ def serve(
     # checked before anything starts
     manager_config = _manager_config(model, topic_signal, durability=durability,
                                      rag_reuse=rag_reuse)
+    _check_port(host, port)  # after every option: a taken port must not hide a bad option
     err_console.print(f"suffixmem: serving on http://{host}:{port} "
                       f"({'API key required' if keys else 'no API key'})")
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,
