@@ -86,13 +86,18 @@ def _field(loc: Sequence[Any]) -> str | None:
     return out or None
 
 
-def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
+def validation_error(errors: Sequence[Mapping[str, Any]],
+                     content_type: str | None = None) -> APIError:
     """One 400 for FastAPI's validation errors: the first error's field, and every way its
     value failed (a union reports one error per member: "stop: Input should be a valid string
-    or a valid list"). A body that is not JSON says so, without pydantic's location."""
+    or a valid list"). A body that is not JSON says so, without pydantic's location, and a body
+    that was not sent as JSON (``curl -d`` without a Content-Type) names the header."""
     if not errors:
         return invalid_value("invalid request body", None)
     first = errors[0]
+    if tuple(first.get("loc", ())) == ("body",) and "json" not in (content_type or ""):
+        return invalid_value("the request body must be JSON, sent with 'Content-Type: "
+                             f"application/json' (it came as {content_type or 'no type'})", None)
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error")
         return invalid_value("the request body is not valid JSON"

@@ -96,6 +96,11 @@ def test_other_statuses(server: Server) -> None:
     assert error_of(post(server, big), 413)["code"] == "request_too_large"
     e = error_of(post(server, None, raw=b"{not json"), 400)
     assert e["message"].startswith("the request body is not valid JSON") and e["param"] is None
+    # curl -d without -H 'Content-Type: application/json' (the README's example did that)
+    e = error_of(post(server, None, {"Content-Type": "application/x-www-form-urlencoded"},
+                      raw=json.dumps({"messages": USER}).encode()), 400)
+    assert "Content-Type: application/json" in str(e["message"]), e
+    assert "x-www-form-urlencoded" in str(e["message"]) and e["param"] is None
     e = error_of(post(server, None, raw=b'{"messages": "\xff"}'), 400)  # not UTF-8
     assert e["code"] == "invalid_value" and str(e["message"]).startswith("request body: ")
     e = error_of(post(server, {"messages": USER, "stream": "yes"}), 400)
