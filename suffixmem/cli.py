@@ -69,15 +69,24 @@ TOPIC_SIGNAL = typer.Option(
     "cues: tfidf (nothing more), hidden (the served model's hidden states, ~10 ms a turn) or "
     "gain (its context gain, ~80 ms a turn); see docs/conversation.md.")
 
+KV_TIER = typer.Option(
+    False, "--kv-tier", help="Keep KV blocks that leave the pool on disk ($SUFFIXMEM_HOME/kv, "
+    "4 GiB) and load them back when their session returns, also after a restart (vllm and "
+    "torch engines; docs/kv-tier.md).")
+
 
 def _make_manager(engine_name: str, model: str, database: str, max_model_len: int,
-                  upstream: list[str] | None = None, topic_signal: str = "tfidf") -> Any:
+                  upstream: list[str] | None = None, topic_signal: str = "tfidf",
+                  kv_tier: bool = False) -> Any:
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
 
     config = _manager_config(model, topic_signal)  # before the engine: its errors are cheap
 
     if engine_name == "remote":
+        if kv_tier:
+            raise ConfigError("--kv-tier needs --engine vllm or torch (vLLM servers keep "
+                              "their own caches)")
         if not upstream:
             raise ConfigError("--engine remote needs --upstream URL (one per vLLM server)")
         # the session rows pin each session to its replica, shared by every process
@@ -86,7 +95,8 @@ def _make_manager(engine_name: str, model: str, database: str, max_model_len: in
     elif upstream:
         raise ConfigError("--upstream is only used with --engine remote")
     else:
-        engine = create_engine(engine_name, model=model, max_model_len=max_model_len)
+        engine = create_engine(engine_name, model=model, max_model_len=max_model_len,
+                               kv_tier=kv_tier)
     try:
         mgr = ConversationManager(engine, database_url=database, config=config)
         # Load the topic detector (scikit-learn and the shipped IDF, about a second) now rather
@@ -127,6 +137,7 @@ def chat(
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
     topic_signal: str = TOPIC_SIGNAL,
+    kv_tier: bool = KV_TIER,
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
@@ -137,7 +148,7 @@ def chat(
         sys.stdin.reconfigure(errors="surrogateescape")
     with quiet_start() as terminal, Console(file=terminal).status(
             f"starting the {engine} engine on {model} ..."):
-        mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal, kv_tier)
     try:
         sid = _session_to_use(mgr, session, new)
         info = (mgr.get_session(sid) if sid is not None and not new
@@ -167,6 +178,7 @@ def ask(
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
     topic_signal: str = TOPIC_SIGNAL,
+    kv_tier: bool = KV_TIER,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """One-shot question; the turn is stored (a new session unless --session names one). A
@@ -175,7 +187,7 @@ def ask(
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
                                message=text)
     with quiet_start():
-        mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal, kv_tier)
     try:
         sid = _session_to_use(mgr, session, new) or uuid.uuid4().hex
         # create=True: the session row is written with the turn's commit, never before it
@@ -227,6 +239,7 @@ def serve(
         None, "--rag-reuse/--no-rag-reuse", help="Reuse retrieved passages and history at new "
         "positions when a client rewrites the passages in its system prompt (torch engine; "
         "default: where the quality gate passed). See docs/segment-reuse.md."),
+    kv_tier: bool = KV_TIER,
 ) -> None:
     """OpenAI-compatible HTTP server with sessions and a web chat page at / (see
     docs/server.md)."""
@@ -244,6 +257,9 @@ def serve(
         raise ConfigError("--engine remote needs --upstream URL (one per vLLM server)")
     if engine != "remote" and upstream:
         raise ConfigError("--upstream is only used with --engine remote")
+    if engine == "remote" and kv_tier:
+        raise ConfigError("--kv-tier needs --engine vllm or torch (vLLM servers keep their own "
+                          "caches)")
     url = _check_database(database)
     keys = tuple(api_key or [k.strip() for k in os.environ.get("SUFFIXMEM_API_KEY", "").split(",")
                              if k.strip()])
@@ -256,7 +272,8 @@ def serve(
     err_console.print(f"suffixmem: serving on http://{host}:{port} "
                       f"({'API key required' if keys else 'no API key'})")
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,
-               max_model_len=max_model_len, upstream=upstream, manager_config=manager_config)
+               max_model_len=max_model_len, upstream=upstream, manager_config=manager_config,
+               kv_tier=kv_tier)
 
 
 @app.command()

@@ -218,6 +218,30 @@ def test_ask_json_then_continue_the_session(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_ask_kv_tier_serves_a_later_process_from_disk(tmp_path: Path) -> None:
+    """``--kv-tier``: a later ``ask`` on the session (a new process) loads its KV from disk;
+    without the flag it computes the history again."""
+    from suffixmem.config import suffixmem_home
+
+    home = tmp_path / "home"  # a tier of its own, so no earlier run's files can hit
+    home.mkdir()
+    (home / "models").symlink_to(suffixmem_home() / "models")
+    db, env = tmp_path / "db.sqlite", {"SUFFIXMEM_HOME": str(home)}
+    greedy = ["--json", "--engine", "torch", "--temperature", "0", "--max-tokens", "8"]
+    turns = [(["--kv-tier", "--new"], "What is the capital of France? Answer in one sentence."),
+             (["--kv-tier"], "And of Italy?"), ([], "And of Spain?")]
+    cached = []
+    for flags, text in turns:
+        r = _run(["ask", *greedy, *flags, "--session", "kvt", text], db, **env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        cached.append(json.loads(r.stdout)["cached_tokens"])
+    assert cached[0] == 0 and cached[1] >= 32 and cached[2] == 0, cached
+    assert any((home / "kv").rglob("*")), "the tier wrote its blocks"
+    _one_line_error(_run(["ask", "--kv-tier", "--engine", "remote", "--upstream",
+                          "http://127.0.0.1:9", "hi"], db, **env), "--kv-tier needs")
+
+
+@pytest.mark.slow
 def test_interactive_chat_commands(tmp_path: Path) -> None:
     script = "What is the capital of France?\n/stats\n/sessions\n/new\n/sessions\n/quit\n"
     r = _run(["chat", "--max-tokens", "16", "--temperature", "0"], tmp_path / "db.sqlite",

@@ -18,9 +18,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
           model: str | None = None, database_url: str | None = None,
           config: ServerConfig | None = None, max_model_len: int = 8192,
           log_level: str = "info", upstream: list[str] | None = None,
-          manager_config: ManagerConfig | None = None) -> None:
-    """Start the engine and manager (``manager_config``: its settings, e.g. ``durability``),
-    then serve until interrupted; both are closed on exit.
+          manager_config: ManagerConfig | None = None, kv_tier: bool = False) -> None:
+    """Start the engine and manager (``manager_config``: its settings, e.g. ``durability``;
+    ``kv_tier``: the engine's disk tier, docs/kv-tier.md), then serve until interrupted (Ctrl-C
+    or SIGTERM); both are closed on exit.
 
     ``engine="remote"`` serves over the vLLM servers in ``upstream`` (session affinity recorded
     in ``database_url``, shared by every suffixmem process on that database)."""
@@ -30,9 +31,11 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
     from suffixmem.engine import create_engine
     from suffixmem.server.app import create_app
 
-    options = {"max_model_len": max_model_len}
+    options: dict[str, object] = {"max_model_len": max_model_len}
+    if kv_tier:
+        options["kv_tier"] = True  # blocks leaving the pool go to disk, also across restarts
     if model is not None:
-        options["model"] = model  # type: ignore[assignment]
+        options["model"] = model
     if engine == "remote":
         options.update(urls=list(upstream or ()), database_url=database_url)
     eng = create_engine(engine, **options)
