@@ -106,7 +106,8 @@ class ConversationManager(TurnPath):
         self.topics = TopicCache(self.config.detect_topics, self.config.topic_detector,
                                  default_detector)
         self._locks = SessionLocks(self.config.lock_timeout_s)
-        self._shared = SharedTurnLock(self.store)  # across processes (PostgreSQL)
+        # across processes: PostgreSQL, and SQLite files written by several ("sync")
+        self._shared = SharedTurnLock(self.store, processes=self.config.durability == "sync")
         # session -> writes by this manager; a turn re-reads its state only if it moved
         self._versions: dict[str, int] = {}
         self._anon = AnonKeys()  # stateless calls' keys, across the caller's window
