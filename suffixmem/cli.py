@@ -1,4 +1,5 @@
-"""The ``suffixmem`` command line: ``chat``, ``ask``, ``model``, ``bench ...``.
+"""The ``suffixmem`` command line: ``chat``, ``ask``, ``serve``, ``model``, ``sessions ...``,
+``bench ...``.
 
 Heavy modules (torch, vLLM) load only inside the commands that need them, so ``--help`` is
 instant. ``bench`` commands come from the ``suffixmem.bench`` entry-point group (the separate
@@ -33,6 +34,7 @@ from suffixmem.cli_checks import (
     session_to_use,
 )
 from suffixmem.cli_help import unwrap_help
+from suffixmem.cli_sessions import sessions_app
 from suffixmem.config import DEFAULT_MODEL, suffixmem_home
 from suffixmem.errors import ConfigError, SuffixmemError, UnknownSessionError
 from suffixmem.stdio import quiet_start, quiet_stdout
@@ -58,6 +60,7 @@ bench_app = typer.Typer(
     help="Benchmarks that print measured figures (installed with the suffixmem-bench "
     "distribution, benchmarks/ in the repository).")
 app.add_typer(bench_app, name="bench")
+app.add_typer(sessions_app, name="sessions")
 
 BENCH_GROUP = "suffixmem.bench"  # entry points: NAME = "module:register", register(bench_app)
 

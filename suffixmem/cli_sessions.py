@@ -1,0 +1,111 @@
+"""``suffixmem sessions ...``: the stored sessions of a database, without starting an engine:
+``list``, ``show``, ``delete`` and ``vacuum`` (give a deleted session's space back to the file
+system). Everything goes through ``Store`` (its transactions, its one-line errors); ``--json``
+prints machine-readable output. A session's KV-tier files are not touched here: they age out
+under the tier's byte budget (``ConversationManager.delete_session`` removes them at once).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from suffixmem.cli_checks import _check_database, check_text
+
+console = Console()
+sessions_app = typer.Typer(no_args_is_help=True,
+                           help="List, show, delete stored sessions; vacuum the database.")
+
+DATABASE = typer.Option(None, help="SQLAlchemy URL (default: SQLite file).")
+AS_JSON = typer.Option(False, "--json", help="Print JSON.")
+
+
+def _store(database: str | None) -> Any:
+    from suffixmem.conversation.store import Store
+
+    return Store(_check_database(database))
+
+
+@sessions_app.command("list")
+def list_sessions(database: str | None = DATABASE, as_json: bool = AS_JSON) -> None:
+    """Every session, most recently active first."""
+    store = _store(database)
+    try:
+        rows = store.list_sessions()
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps([{"id": r.id, "title": r.title, "messages": r.message_count,
+                           "model": r.model, "temperature": r.temperature,
+                           "created_at": r.created_at.isoformat(),
+                           "updated_at": r.updated_at.isoformat()} for r in rows]))
+        return
+    for r in rows:
+        console.print(f"[cyan]{escape(r.id)}[/] {r.message_count} messages · "
+                      f"{r.updated_at:%Y-%m-%d %H:%M} · {escape(r.title or '')}", soft_wrap=True)
+
+
+@sessions_app.command("show")
+def show(session: str = typer.Argument(..., help="The session id."),
+         database: str | None = DATABASE, as_json: bool = AS_JSON) -> None:
+    """A session's system prompt and messages."""
+    check_text(session, "the session id")
+    store = _store(database)
+    try:
+        rec = store.require_session(session)
+        messages = store.messages(session)
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps({"id": rec.id, "system_prompt": rec.system_prompt,
+                          "messages": [{"role": m.role, "content": m.content}
+                                       for m in messages]}))
+        return
+    if rec.system_prompt:
+        console.print(f"[dim]system:[/] {escape(rec.system_prompt)}", soft_wrap=True)
+    for m in messages:
+        console.print(f"[bold]{m.role}:[/] {escape(m.content)}", soft_wrap=True)
+
+
+@sessions_app.command("delete")
+def delete(sessions: list[str] = typer.Argument(..., help="Session ids."),  # noqa: B008
+           database: str | None = DATABASE) -> None:
+    """Delete sessions with their messages and statistics; an unknown id is an error, after
+    the known ones before it were deleted."""
+    for sid in sessions:
+        check_text(sid, "the session id")
+    store = _store(database)
+    try:
+        for sid in sessions:
+            store.delete_session(sid)
+            console.print(f"deleted [cyan]{escape(sid)}[/]")
+    finally:
+        store.close()
+
+
+@sessions_app.command("vacuum")
+def vacuum(database: str | None = DATABASE) -> None:
+    """Give the space of deleted sessions back to the file system (SQLite's and PostgreSQL's
+    VACUUM; SQLite keeps freed pages in the file until then)."""
+    from suffixmem.conversation.database import make_engine
+
+    url = _check_database(database)
+    engine = make_engine(url)
+    raw = engine.raw_connection()
+    try:
+        # VACUUM cannot run inside a transaction: the driver's own autocommit, since our
+        # engine begins SQLite transactions itself (database.make_engine)
+        driver = raw.driver_connection
+        if engine.dialect.name == "sqlite":
+            driver.isolation_level = None  # type: ignore[union-attr]
+        else:
+            driver.autocommit = True  # type: ignore[union-attr]
+        driver.execute("VACUUM")  # type: ignore[union-attr]
+    finally:
+        raw.close()
+        engine.dispose()
+    console.print("vacuumed")

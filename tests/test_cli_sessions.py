@@ -1,0 +1,65 @@
+"""``suffixmem sessions list|show|delete|vacuum``: stored sessions managed without an engine
+(an operator had only the REPL, the HTTP API or Python, and SQLite never gave space back)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from suffixmem.conversation.records import NewMessage
+from suffixmem.conversation.store import Store
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "suffixmem.cli", "sessions", *args],
+                          capture_output=True, text=True, timeout=120, env=os.environ)
+
+
+def test_list_show_delete_vacuum(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    store = Store(url)
+    store.open_session("keep", system_prompt="Be brief.")
+    store.append_messages("keep", [NewMessage("user", "Hi"), NewMessage("assistant", "Hello!")])
+    for i in range(60):  # enough rows that deleting them frees pages
+        store.open_session(f"old{i}")
+        store.append_messages(f"old{i}", [NewMessage("user", "x" * 2000)])
+    store.close()
+
+    r = _run("list", "--json", "--database", url)
+    assert r.returncode == 0, r.stderr
+    listed = {s["id"]: s["messages"] for s in json.loads(r.stdout)}
+    assert listed["keep"] == 2 and len(listed) == 61
+    r = _run("show", "keep", "--json", "--database", url)
+    assert json.loads(r.stdout) == {"id": "keep", "system_prompt": "Be brief.", "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
+
+    r = _run("delete", *[f"old{i}" for i in range(60)], "--database", url)
+    assert r.returncode == 0, r.stderr
+    size = db.stat().st_size
+    assert _run("vacuum", "--database", url).returncode == 0
+    assert db.stat().st_size < size / 2  # the deleted sessions' pages went back
+    r = _run("list", "--json", "--database", url)
+    assert [s["id"] for s in json.loads(r.stdout)] == ["keep"]
+
+    r = _run("show", "gone", "--database", url)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["error: unknown session 'gone'"]
+    r = _run("delete", "gone", "--database", url)
+    assert r.returncode == 2 and "unknown session 'gone'" in r.stderr
+
+
+@pytest.mark.postgres
+def test_vacuum_and_list_on_postgresql(fresh_pg_database: str) -> None:
+    store = Store(fresh_pg_database)
+    store.open_session("pg")
+    store.append_messages("pg", [NewMessage("user", "Hi")])
+    store.close()
+    assert _run("delete", "pg", "--database", fresh_pg_database).returncode == 0
+    r = _run("vacuum", "--database", fresh_pg_database)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(_run("list", "--json", "--database", fresh_pg_database).stdout) == []
