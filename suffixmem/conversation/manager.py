@@ -56,6 +56,7 @@ from suffixmem.conversation.turns import (
     Plan,
     TurnResult,
     TurnSpec,
+    alast_event,
     build_prompt,
     last_event,
     schema_instruction,
@@ -305,12 +306,14 @@ class ConversationManager(TurnPath):
         return self._run(self._plan(spec()), spec)
 
     # -- async twins ----------------------------------------------------------------------------
+    # they drain the streams: a cancelled call aborts its turn (run whole in a worker thread,
+    # the turn went on, and was stored, after its caller left)
     async def achat(self, session_id: str, message: str, **kwargs: Any) -> TurnResult:
-        return await asyncio.to_thread(self.chat, session_id, message, **kwargs)
+        return await alast_event(self.astream_chat(session_id, message, **kwargs))
 
     async def acomplete(self, session_id: str | None, messages: Sequence[Message],
                         **kwargs: Any) -> TurnResult:
-        return await asyncio.to_thread(self.complete, session_id, messages, **kwargs)
+        return await alast_event(self.astream_complete(session_id, messages, **kwargs))
 
     async def astream_chat(self, session_id: str, message: str, **kwargs: Any
                            ) -> AsyncIterator[TokenEvent | TurnResult]:

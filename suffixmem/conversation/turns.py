@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -294,6 +294,14 @@ def last_event(events: Iterator[Any]) -> Any:
         pass
     if out is None:
         raise InvalidRequestError("the turn produced no result")
+    return out
+
+
+async def alast_event(events: AsyncIterator[Any]) -> Any:
+    """The last event of an async stream (a turn's result), draining it."""
+    out = None
+    async for out in events:  # noqa: B007 - the last event is the turn's result
+        pass
     return out
 
 

@@ -2,30 +2,59 @@
 
 Contract: ``aiter_events(events)`` yields what ``events`` yields, each ``next`` in a worker
 thread so the loop never blocks; a consumer that stops early closes ``events`` (in a thread
-too), which for an engine stream aborts the request.
+too, awaited), which for an engine stream aborts the request and for a manager's turn frees
+the session's lock. A cancelled consumer (``asyncio.wait_for`` timing out, a server whose
+client left) gets its ``CancelledError`` at once; ``events`` is closed in the background as
+soon as the ``next`` in flight returns (one token, or the session lock it waits for).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TypeVar
 
 _T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
 
 
 async def aiter_events(events: Iterator[_T]) -> AsyncIterator[_T]:
     """Iterate a blocking event generator from asyncio without blocking the loop (module
     docstring)."""
     done = object()
-    finished = False
+    # next() and close() one at a time: a cancelled await leaves its worker thread inside
+    # next(), and a generator closed meanwhile raised "generator already executing" (instead
+    # of the cancellation) and was never closed, so a turn kept its session's lock for good
+    guard = threading.Lock()
+
+    def step() -> object:
+        with guard:
+            return next(events, done)
+
+    def close() -> None:
+        with guard:
+            try:
+                events.close()  # type: ignore[attr-defined]
+            except Exception:
+                log.warning("closing an abandoned event stream failed", exc_info=True)
+
+    finished = cancelled = False
     try:
         while True:
-            event = await asyncio.to_thread(next, events, done)
+            try:
+                event = await asyncio.to_thread(step)
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
             if event is done:
                 finished = True
                 return
             yield event  # type: ignore[misc]
     finally:
         if not finished:
-            await asyncio.to_thread(events.close)  # type: ignore[attr-defined]
+            closing = asyncio.get_running_loop().run_in_executor(None, close)
+            if not cancelled:
+                await closing

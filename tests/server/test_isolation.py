@@ -117,3 +117,18 @@ def test_disconnect_while_waiting_for_a_non_streamed_reply_stores_nothing(server
     assert engine.stats().output_tokens == after
     assert after - start_tokens < 500
     assert httpx.get(f"{server.url}/v1/sessions/{sid}", headers=A).status_code == 404
+    # on a session with history, the abandoned turn frees the session: the next turn runs
+    # (closing the cancelled turn raised "generator already executing" and its lock was held
+    # for good: every later turn was a 409 after the lock timeout)
+    short = {"messages": [{"role": "user", "content": "Say one word."}], "max_tokens": 2,
+             "temperature": 0}
+    head = {**A, "X-Session-ID": sid}
+    ok = httpx.post(server.url + "/v1/chat/completions", json=short, headers=head, timeout=60)
+    assert ok.status_code == 200, ok.text
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=2.0, headers=head)
+    again = httpx.post(server.url + "/v1/chat/completions", json=short, headers=head, timeout=20)
+    assert again.status_code == 200, again.text
+    stored = httpx.get(f"{server.url}/v1/sessions/{sid}", headers=A).json()
+    assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == [
+        "Say one word."] * 2
