@@ -76,5 +76,8 @@ def check_sampling(sampling: dict[str, Any]) -> dict[str, Any]:
             raise InvalidRequestError(f"stop must be a string or a list of strings, got "
                                       f"{type(stop).__name__}")
         for i, s in enumerate(stops):
-            check_text(f"stop[{i}]", s, max_chars=1000)
+            # "\n" is a stop sequence (LangChain's stop=["\n"]): only "" is empty here
+            check_text(f"stop[{i}]", s, max_chars=1000, allow_empty=True)
+            if not s:
+                raise InvalidRequestError(f"stop sequences must be non-empty strings: {s!r}")
     return out

@@ -371,3 +371,16 @@ def test_context_blocks_are_marked_and_not_stored(manager: ConversationManager,
 
 def _sequence(xs: Sequence[Any]) -> list[Any]:
     return list(xs)
+
+
+def test_a_whitespace_stop_sequence_is_a_stop_sequence(manager: ConversationManager) -> None:
+    """``stop=["\\n"]`` (LangChain's idiom) stops at the first line break; it was refused as
+    "stop[0] is empty". Only "" is."""
+    manager.open_session("stops")
+    turn = manager.chat("stops", "List three fruits, one per line.", stop=["\n"],
+                        temperature=0.0, max_tokens=24)
+    assert turn.text.strip() and "\n" not in turn.text
+    with pytest.raises(InvalidRequestError, match="non-empty"):
+        manager.chat("stops", "hi", stop=[""])
+    with pytest.raises(InvalidRequestError, match="NUL"):
+        manager.chat("stops", "hi", stop=["\x00"])
