@@ -124,6 +124,13 @@ def test_bad_input_is_rejected_and_engine_stays_usable(vllm_engine) -> None:  # 
     with pytest.raises(ContextWindowError, match="max_tokens"):
         vllm_engine.generate(Request(_key(), token_ids=nearly, sampling=SamplingParams(
             max_tokens=64)))
+    # a schema vLLM cannot compile is this request's error (it was vLLM's own exception
+    # class, a 500 on the server)
+    bad_schema = {"type": "object", "properties": {"q": {"type": "no-such-type"}}}
+    with pytest.raises(InvalidRequestError, match=r"request rejected: .*no-such-type"):
+        vllm_engine.generate(Request(_key(), messages=[Message("user", "hi")],
+                                     sampling=SamplingParams(max_tokens=4,
+                                                             json_schema=bad_schema)))
     r = vllm_engine.generate(Request(_key(), messages=[
         Message("user", "What is the capital of France?")], sampling=GREEDY))
     assert "Paris" in r.text

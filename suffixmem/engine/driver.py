@@ -205,11 +205,15 @@ class Driver(ABC):
                 except Exception as e:
                     fut.set_exception(e)
 
-    @staticmethod
-    def _as_request_error(error: Exception) -> Exception:
+    # what a backend raises for a request it refuses (vLLM adds its client errors: a JSON
+    # schema it cannot compile is a VLLMValidationError, not a ValueError)
+    _bad_request: tuple[type[Exception], ...] = (
+        TypeError, ValueError, OverflowError, UnicodeError)
+
+    def _as_request_error(self, error: Exception) -> Exception:
         if isinstance(error, SuffixmemError):
             return error
-        if isinstance(error, TypeError | ValueError | OverflowError | UnicodeError):
+        if isinstance(error, self._bad_request):
             return InvalidRequestError(f"request rejected: {one_line(error)}")
         return error
 

@@ -107,7 +107,10 @@ class VLLMEngine(BaseEngine):
         _prepare_environment(config, on_cuda)
 
         from vllm import EngineArgs
+        from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.llm_engine import LLMEngine
+
+        self._bad_request = (*self._bad_request, VLLMClientError)
 
         # our own OMP_NUM_THREADS (see _prepare_environment) draws a warning a user cannot act on
         logging.getLogger("vllm.utils.torch_utils").addFilter(_NotOmpThreads())
