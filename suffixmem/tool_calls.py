@@ -39,6 +39,16 @@ class ToolSpec:
     parameters: Mapping[str, Any] = field(
         default_factory=lambda: {"type": "object", "properties": {}})
 
+    def __post_init__(self) -> None:
+        # arguments are an object (OpenAI's rule too): a string schema was accepted at bind
+        # time and its calls could not be read back
+        kind = self.parameters.get("type", "object") if isinstance(self.parameters,
+                                                                   Mapping) else None
+        if kind != "object":
+            raise InvalidRequestError(
+                f"tool {self.name!r}: parameters must be a JSON schema of an object "
+                f"({{'type': 'object', 'properties': ...}}), got {self.parameters!r:.80}")
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -124,12 +134,32 @@ def parse_reply(text: str) -> Reply:
     try:
         data = json.loads(text)
     except ValueError as e:
+        answer = _cut_answer(text)
+        if answer is not None:  # an answer cut off (max_tokens): its text so far
+            return Reply(text=answer, error="the answer was cut off")
         return Reply(text=text, error=f"reply is not JSON ({e.msg}); was it cut off?")
     if isinstance(data, dict) and "name" in data and isinstance(data.get("arguments"), dict):
         return Reply(calls=(ToolCall(str(data["name"]), data["arguments"], new_call_id()),))
     if isinstance(data, dict) and isinstance(data.get(ANSWER_KEY), str):
         return Reply(text=data[ANSWER_KEY])
     return Reply(text=text, error="reply is neither a tool call nor an answer")
+
+
+def _cut_answer(text: str) -> str | None:
+    """The text of a plain answer whose JSON was cut off (``{"response": "The answer is 1``),
+    None for anything else: closed by hand, dropping a half-written escape at the end."""
+    if not text.lstrip().startswith("{"):
+        return None
+    for drop in range(6):  # "\\u00e" is the longest half escape
+        for tail in ('"}', "}"):
+            try:
+                data = json.loads(text[:len(text) - drop] + tail)
+            except ValueError:
+                continue
+            if isinstance(data, dict) and list(data) == [ANSWER_KEY] and isinstance(
+                    data[ANSWER_KEY], str):
+                return data[ANSWER_KEY]
+    return None
 
 
 def render_calls(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:

@@ -77,3 +77,31 @@ def test_no_argument_tool_takes_exactly_an_empty_object() -> None:
     s = reply_schema([ToolSpec("ping")], "required")
     assert s is not None and _ok(s, {"name": "ping", "arguments": {}})
     assert not _ok(s, {"name": "ping", "arguments": {"x": 1}})
+
+
+def test_a_cut_off_answer_reads_as_its_text_so_far() -> None:
+    """Under "auto" a plain answer cut off by max_tokens came back as the raw JSON fragment
+    ('{"response": "The answer is 18.6'), which the framework showed the user."""
+    cut = parse_reply('{"response": "The answer is 18.6')
+    assert (cut.text, cut.error, cut.calls) == ("The answer is 18.6", "the answer was cut off", ())
+    assert parse_reply('{"response": "caf\\u00e').text == "caf"  # a half-written escape
+    assert parse_reply('{"response": "a \\').text == "a "
+    call = parse_reply('{"name": "add", "arguments": {"a": 1')  # a call is never guessed
+    assert call.calls == () and call.error and "cut off" in call.error
+
+
+def test_a_tool_whose_arguments_are_not_an_object_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="'shout': parameters must be a JSON schema "
+                                                  "of an object"):
+        ToolSpec("shout", "", {"type": "string"})
+    assert ToolSpec("ok", "", {"properties": {}}).name == "ok"  # "object" when unsaid
+
+
+def test_langchain_reads_anthropic_tool_choice() -> None:
+    from langchain_suffixmem.tools import choice_name
+
+    for choice, want in (({"type": "any"}, "any"), ({"type": "auto"}, "auto"),
+                         ({"type": "none"}, "none"), ({"type": "tool", "name": "add"}, "add"),
+                         ({"type": "function", "function": {"name": "add"}}, "add")):
+        assert choice_name(choice, [ADD]) == want
+    assert reply_schema([ADD], choice_name({"type": "any"}, [ADD])) is not None

@@ -39,11 +39,14 @@ def specs(tools: Sequence[dict[str, Any]]) -> list[ToolSpec]:
 def choice_name(tool_choice: Any, tools: Sequence[ToolSpec]) -> str | None:
     """LangChain's ``tool_choice`` spellings -> ``suffixmem.tool_calls`` choices: ``None`` /
     "auto", "none", "any" / "required" / ``True`` (one tool must be called), a tool's name or
-    ``{"type": "function", "function": {"name": ...}}``."""
+    ``{"type": "function", "function": {"name": ...}}``; Anthropic's ``{"type": "auto" |
+    "any" | "none"}`` and ``{"type": "tool", "name": ...}`` too (its tools bind as well)."""
     if tool_choice is None or tool_choice is False:
         return None
     if tool_choice is True:
         return "required"
+    if isinstance(tool_choice, dict) and tool_choice.get("type") in ("auto", "any", "none"):
+        tool_choice = tool_choice["type"]
     if isinstance(tool_choice, dict):
         name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
         if not isinstance(name, str):
