@@ -2,7 +2,8 @@
 
 They mirror OpenAI's chat-completions API (as vLLM's ``entrypoints/openai/protocol.py`` does),
 limited to what suffixmem implements. Unknown request fields are ignored, as OpenAI clients send
-optional fields freely; fields we know but cannot honour (``n > 1``, ``tools``, ``logprobs``,
+optional fields freely; fields we know but cannot honour (``n > 1``, ``tools`` and the other
+tool fields, ``logprobs``,
 non-zero penalties, a ``logit_bias``) are rejected by the serving class with a 400 naming the
 field. Scalars are strict, as OpenAI's API is: ``"temperature": "0.5"`` or ``true`` is a 400,
 not a number (an integer is a number: ``"temperature": 1``). Responses may carry one extra object,
@@ -31,6 +32,8 @@ class ChatMessage(_Lenient):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls in a resent history
+    tool_call_id: str | None = None
 
 
 class StreamOptions(_Lenient):
@@ -70,6 +73,10 @@ class ChatCompletionRequest(_Lenient):
     ignore_eos: StrictBool | None = None
     response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = None
     frequency_penalty: StrictFloat | None = None

@@ -59,6 +59,7 @@ from suffixmem.server.protocol import (
     TurnInfo,
     Usage,
 )
+from suffixmem.tool_calls import render_calls, render_result
 
 SESSION_HEADER = "X-Session-ID"
 
@@ -92,18 +93,43 @@ def namespace(api_key: str | None) -> str:
     return "k" + hashlib.sha256(api_key.encode()).hexdigest()[:16] + "."
 
 
-def _text(i: int, m: ChatMessage) -> str:
+def _text(i: int, m: ChatMessage, names: dict[str, str]) -> str:
+    """What the model reads for message ``i``: its text; an assistant's ``tool_calls`` and a
+    ``tool`` result rendered as the adapters render them (``suffixmem.tool_calls``), so a
+    resent agent history is not stored as an empty reply and a bare result. ``names``: tool
+    call ids seen so far -> function names (a result names its call by id only)."""
     if m.content is None:
-        return ""
-    if isinstance(m.content, str):
-        return m.content
-    parts = []
-    for j, p in enumerate(m.content):
-        if p.type != "text" or p.text is None:
-            raise invalid_value(f"messages[{i}].content[{j}]: only text parts are supported",
-                                f"messages[{i}].content")
-        parts.append(p.text)
-    return "".join(parts)
+        text = ""
+    elif isinstance(m.content, str):
+        text = m.content
+    else:
+        parts = []
+        for j, p in enumerate(m.content):
+            if p.type != "text" or p.text is None:
+                raise invalid_value(f"messages[{i}].content[{j}]: only text parts are "
+                                    "supported", f"messages[{i}].content")
+            parts.append(p.text)
+        text = "".join(parts)
+    if m.role == "tool":
+        return render_result(text, m.name or names.get(m.tool_call_id or ""))
+    if m.role != "assistant" or not m.tool_calls:
+        return text
+    calls = []
+    for j, call in enumerate(m.tool_calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        try:
+            name, args = fn["name"], json.loads(fn.get("arguments") or "{}")  # type: ignore[index]
+            if not isinstance(name, str) or not isinstance(args, dict):
+                raise TypeError
+        except (TypeError, KeyError, ValueError):
+            raise invalid_value(f"messages[{i}].tool_calls[{j}] is not a function call with a "
+                                "name and JSON object arguments",
+                                f"messages[{i}].tool_calls") from None
+        if isinstance(call.get("id"), str):
+            names[call["id"]] = name
+        calls.append((name, args))
+    rendered = render_calls(calls)
+    return f"{text}\n{rendered}" if text else rendered
 
 
 class ChatService:
@@ -179,6 +205,12 @@ class ChatService:
             raise invalid_value("n must be 1", "n")
         if req.tools:
             raise invalid_value("tools are not supported", "tools")
+        for unsupported in ("functions", "function_call", "parallel_tool_calls"):
+            if getattr(req, unsupported) is not None:
+                raise invalid_value(f"{unsupported} is not supported (tools are not)",
+                                    unsupported)
+        if req.tool_choice not in (None, "none", "auto"):  # both mean "no call" without tools
+            raise invalid_value("tool_choice is not supported (tools are not)", "tool_choice")
         if req.logprobs or req.top_logprobs:
             field = "logprobs" if req.logprobs else "top_logprobs"
             raise invalid_value(f"{field} is not supported", field)
@@ -216,7 +248,8 @@ class ChatService:
         input."""
         if not req.messages:
             raise invalid_value("messages must not be empty", "messages")
-        msgs = [Message(m.role, _text(i, m)) for i, m in enumerate(req.messages)]
+        names: dict[str, str] = {}
+        msgs = [Message(m.role, _text(i, m, names)) for i, m in enumerate(req.messages)]
         sampling = self._sampling(req)
         schema = "json_schema" in sampling and sampling["json_schema"] is not None
         # stateless: the key's namespace scopes the derived cache key (no sharing across keys)

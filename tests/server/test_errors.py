@@ -107,9 +107,21 @@ def test_other_statuses(server: Server) -> None:
     assert e["param"] == "stream"
     e = error_of(httpx.get(server.url + "/v1/nothing", headers=AUTH), 404)
     assert (e["type"], e["code"]) == ("invalid_request_error", "unknown_url")
+    # tool fields are refused like tools, not dropped; "auto"/"none" without tools are no-ops
+    for field, value in (("tool_choice", "required"), ("functions", [{"name": "f"}]),
+                         ("function_call", "auto"), ("parallel_tool_calls", False)):
+        e = error_of(post(server, {"messages": USER, field: value}), 400)
+        assert e["param"] == field and "not supported" in str(e["message"])
+    e = error_of(post(server, {"messages": [
+        {"role": "user", "content": "6*7?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "mul", "arguments": "{not json"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "user", "content": "ok"}]}), 400)
+    assert e["param"] == "messages[1].tool_calls", e
     # the default penalties change nothing, so they are accepted
     ok = post(server, {"messages": USER, "max_tokens": 1, "presence_penalty": 0,
-                       "frequency_penalty": 0.0, "logprobs": False})
+                       "frequency_penalty": 0.0, "logprobs": False, "tool_choice": "auto"})
     assert ok.status_code == 200, ok.text
 
 
@@ -157,3 +169,25 @@ def test_queue_full_is_429(server: Server) -> None:
     finally:
         uv.should_exit = True  # type: ignore[attr-defined]
         thread.join(30)
+
+
+def test_a_resent_agent_history_keeps_its_tool_calls(server: Server) -> None:
+    """An OpenAI-style agent history (an assistant's ``tool_calls``, a ``tool`` result naming
+    its call by id) is stored as the adapters render it: the call and the named result, where
+    the calls were dropped (an empty assistant message) and the result was bare."""
+    sid = "agent-history"
+    history = [
+        {"role": "user", "content": "What is 6*7?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "mul", "arguments": '{"a": 6, "b": 7}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        {"role": "user", "content": "Say the result."}]
+    r = post(server, {"messages": history, "max_tokens": 4, "temperature": 0},
+             {"X-Session-ID": sid})
+    assert r.status_code == 200, r.text
+    stored = httpx.get(f"{server.url}/v1/sessions/{sid}", headers=AUTH).json()["messages"]
+    assert [(m["role"], m["content"]) for m in stored[:3]] == [
+        ("user", "What is 6*7?"),
+        ("assistant", '{"arguments": {"a": 6, "b": 7}, "name": "mul"}'),
+        ("tool", '{"tool": "mul", "result": "42"}')]
