@@ -1,8 +1,9 @@
 """``suffixmem sessions ...``: the stored sessions of a database, without starting an engine:
 ``list``, ``show``, ``delete`` and ``vacuum`` (give a deleted session's space back to the file
 system). Everything goes through ``Store`` (its transactions, its one-line errors); ``--json``
-prints machine-readable output. A session's KV-tier files are not touched here: they age out
-under the tier's byte budget (``ConversationManager.delete_session`` removes them at once).
+prints machine-readable output. ``delete`` also removes the session's KV-tier folders under
+``$SUFFIXMEM_HOME/kv`` (every model's), as ``ConversationManager.delete_session`` does; a
+running engine's tier reads their blocks as misses.
 """
 
 from __future__ import annotations
@@ -82,9 +83,25 @@ def delete(sessions: list[str] = typer.Argument(..., help="Session ids."),  # no
     try:
         for sid in sessions:
             store.delete_session(sid)
-            console.print(f"deleted [cyan]{escape(sid)}[/]")
+            files = _delete_tier_files(sid)
+            console.print(f"deleted [cyan]{escape(sid)}[/]"
+                          + (f" and {files} KV-tier files" if files else ""))
     finally:
         store.close()
+
+
+def _delete_tier_files(session_id: str) -> int:
+    """Remove the session's folders of the default KV tier (one per model); how many files."""
+    import shutil
+
+    from suffixmem.config import kv_tier_dir
+    from suffixmem.engine.kv_tier import salt_digest
+
+    files = 0
+    for folder in kv_tier_dir().glob(f"*/{salt_digest(session_id)}"):
+        files += sum(1 for p in folder.rglob("*") if p.is_file())
+        shutil.rmtree(folder, ignore_errors=True)
+    return files
 
 
 @sessions_app.command("vacuum")

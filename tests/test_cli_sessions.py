@@ -15,9 +15,9 @@ from suffixmem.conversation.records import NewMessage
 from suffixmem.conversation.store import Store
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "suffixmem.cli", "sessions", *args],
-                          capture_output=True, text=True, timeout=120, env=os.environ)
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
 
 
 def test_list_show_delete_vacuum(tmp_path: Path) -> None:
@@ -63,3 +63,22 @@ def test_vacuum_and_list_on_postgresql(fresh_pg_database: str) -> None:
     r = _run("vacuum", "--database", fresh_pg_database)
     assert r.returncode == 0, r.stderr
     assert json.loads(_run("list", "--json", "--database", fresh_pg_database).stdout) == []
+
+
+def test_delete_removes_the_sessions_kv_tier_folders(tmp_path: Path) -> None:
+    from suffixmem.engine.kv_tier import salt_digest
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = Store(url)
+    for sid in ("gone", "kept"):
+        store.open_session(sid)
+        for model in ("model-a", "model-b"):  # one tier folder per model fingerprint
+            folder = tmp_path / "kv" / model / salt_digest(sid)
+            folder.mkdir(parents=True)
+            (folder / "block.kv").write_bytes(b"x")
+    store.close()
+    r = _run("delete", "gone", "--database", url, SUFFIXMEM_HOME=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "2 KV-tier files" in r.stdout
+    assert not list((tmp_path / "kv").glob(f"*/{salt_digest('gone')}"))
+    assert len(list((tmp_path / "kv").glob(f"*/{salt_digest('kept')}/block.kv"))) == 2
