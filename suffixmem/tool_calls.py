@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError
 
 ANSWER_KEY = "response"
@@ -160,6 +161,53 @@ def _cut_answer(text: str) -> str | None:
                     data[ANSWER_KEY], str):
                 return data[ANSWER_KEY]
     return None
+
+
+def openai_specs(tools: Sequence[Any]) -> list[ToolSpec]:
+    """Tools in OpenAI's function format (``{"type": "function", "function": {"name",
+    "description", "parameters"}}``: the HTTP API's ``tools``, LangChain's bound tools)."""
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequestError(
+                f"tools[{i}] is not an OpenAI function tool ({{'type': 'function', "
+                "'function': {'name': ...}})")
+        out.append(ToolSpec(fn["name"], fn.get("description") or "",
+                            fn.get("parameters") or {"type": "object", "properties": {}}))
+    return out
+
+
+def openai_choice(tool_choice: Any) -> str | None:
+    """A ``tool_choice`` as OpenAI, LangChain or Anthropic spell it -> a ``reply_schema``
+    choice: ``None``/False/"auto", "none", "any"/"required"/True (one tool must be called), a
+    tool's name, ``{"type": "function", "function": {"name": ...}}``, Anthropic's ``{"type":
+    "auto" | "any" | "none"}`` and ``{"type": "tool", "name": ...}``."""
+    if tool_choice is None or tool_choice is False:
+        return None
+    if tool_choice is True:
+        return "required"
+    if isinstance(tool_choice, dict) and tool_choice.get("type") in ("auto", "any", "none"):
+        tool_choice = tool_choice["type"]
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        if not isinstance(name, str):
+            raise InvalidRequestError(f"tool_choice: cannot read a tool name from {tool_choice}")
+        tool_choice = name
+    if not isinstance(tool_choice, str):
+        raise InvalidRequestError(
+            f"tool_choice must be a string, dict or bool, got {type(tool_choice).__name__}")
+    return tool_choice
+
+
+def with_tools_prompt(messages: list[Message], tools: Sequence[ToolSpec]) -> list[Message]:
+    """``messages`` with the tools described at the end of the system prompt (added if none)."""
+    if not tools:
+        return messages
+    text = tools_prompt(tools)
+    if messages and messages[0].role == "system":
+        return [Message("system", f"{messages[0].content}\n\n{text}"), *messages[1:]]
+    return [Message("system", text), *messages]
 
 
 def render_calls(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:

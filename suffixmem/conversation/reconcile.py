@@ -28,6 +28,7 @@ ids (one place for token ids: SQL), so the prompt is the one ``chat`` would have
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -90,7 +91,23 @@ def split(messages: Sequence[Message]) -> tuple[str | None, list[Message], list[
 
 
 def _same(sent: Message, stored: Message) -> bool:
-    return sent.role == stored.role and sent.content == stored.content
+    if sent.role != stored.role:
+        return False
+    if sent.content == stored.content:
+        return True
+    # a tool call comes back re-serialised (an HTTP client resends the call's name and
+    # arguments, which render canonically, not the reply as the model generated it): the same
+    # JSON object is the same message, so the stored one, with its generated ids, is kept
+    return sent.role == "assistant" and _same_json(sent.content, stored.content)
+
+
+def _same_json(a: str, b: str) -> bool:
+    if not (a.startswith("{") and b.lstrip().startswith("{")):
+        return False
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except ValueError:
+        return False
 
 
 def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,

@@ -93,3 +93,19 @@ def test_a_stored_leading_system_message_is_the_system_prompt() -> None:
         assert r.history == tuple(STORED) and r.to_store == (four,)
     r = reconcile(sent(*map(plain, STORED), four, system="Be loud."), stored, None, None)
     assert r.kind == "rewritten" and r.system_prompt == "Be loud."
+
+
+def test_a_tool_call_resent_in_canonical_form_matches_the_generated_one() -> None:
+    """The model generated ``{"name": "mul", "arguments": {"a": 6}}``; an HTTP client resends
+    the call as name and arguments, which render as ``{"arguments": {"a": 6}, "name": "mul"}``:
+    the same message, so the session appends and keeps the generated ids."""
+    generated = Message("assistant", '{"name": "mul", "arguments": {"a": 6}}', token_ids=(5, 6))
+    stored = [Message("user", "6*7?"), generated]
+    canonical = '{"arguments": {"a": 6}, "name": "mul"}'
+    resent = [Message("user", "6*7?"), Message("assistant", canonical),
+              Message("tool", '{"tool": "mul", "result": "42"}')]
+    r = reconcile(resent, stored, None, None)
+    assert r.kind == "appended" and r.history == tuple(stored)
+    other = [Message("user", "6*7?"), Message("assistant", canonical.replace("6", "7")),
+             Message("tool", "42")]
+    assert reconcile(other, stored, None, None).kind == "rewritten"

@@ -12,6 +12,7 @@ import pytest
 from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import (
     ToolSpec,
+    openai_choice,
     parse_reply,
     render_calls,
     render_result,
@@ -97,11 +98,12 @@ def test_a_tool_whose_arguments_are_not_an_object_is_refused() -> None:
     assert ToolSpec("ok", "", {"properties": {}}).name == "ok"  # "object" when unsaid
 
 
-def test_langchain_reads_anthropic_tool_choice() -> None:
-    from langchain_suffixmem.tools import choice_name
-
+def test_tool_choice_in_openai_langchain_and_anthropic_spellings() -> None:
     for choice, want in (({"type": "any"}, "any"), ({"type": "auto"}, "auto"),
                          ({"type": "none"}, "none"), ({"type": "tool", "name": "add"}, "add"),
-                         ({"type": "function", "function": {"name": "add"}}, "add")):
-        assert choice_name(choice, [ADD]) == want
-    assert reply_schema([ADD], choice_name({"type": "any"}, [ADD])) is not None
+                         ({"type": "function", "function": {"name": "add"}}, "add"),
+                         (True, "required"), (None, None), ("add", "add")):
+        assert openai_choice(choice) == want
+    assert reply_schema([ADD], openai_choice({"type": "any"})) is not None
+    with pytest.raises(InvalidRequestError, match="tool_choice"):
+        openai_choice({"type": "function"})

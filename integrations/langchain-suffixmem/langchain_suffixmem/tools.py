@@ -14,7 +14,13 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_suffixmem.messages import RAW_KEY
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError
-from suffixmem.tool_calls import ToolSpec, parse_reply, reply_schema, tools_prompt
+from suffixmem.tool_calls import (
+    openai_choice,
+    openai_specs,
+    parse_reply,
+    reply_schema,
+)
+from suffixmem.tool_calls import with_tools_prompt as _with_tools_prompt
 
 
 def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
@@ -23,49 +29,9 @@ def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
     return [convert_to_openai_tool(t) for t in tools]
 
 
-def specs(tools: Sequence[dict[str, Any]]) -> list[ToolSpec]:
-    out = []
-    for i, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise InvalidRequestError(
-                f"tools[{i}] is not an OpenAI function tool ({{'type': 'function', "
-                "'function': {'name': ...}}); pass tools through bind_tools")
-        out.append(ToolSpec(fn["name"], fn.get("description") or "",
-                            fn.get("parameters") or {"type": "object", "properties": {}}))
-    return out
-
-
-def choice_name(tool_choice: Any, tools: Sequence[ToolSpec]) -> str | None:
-    """LangChain's ``tool_choice`` spellings -> ``suffixmem.tool_calls`` choices: ``None`` /
-    "auto", "none", "any" / "required" / ``True`` (one tool must be called), a tool's name or
-    ``{"type": "function", "function": {"name": ...}}``; Anthropic's ``{"type": "auto" |
-    "any" | "none"}`` and ``{"type": "tool", "name": ...}`` too (its tools bind as well)."""
-    if tool_choice is None or tool_choice is False:
-        return None
-    if tool_choice is True:
-        return "required"
-    if isinstance(tool_choice, dict) and tool_choice.get("type") in ("auto", "any", "none"):
-        tool_choice = tool_choice["type"]
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-        if not isinstance(name, str):
-            raise InvalidRequestError(f"tool_choice: cannot read a tool name from {tool_choice}")
-        tool_choice = name
-    if not isinstance(tool_choice, str):
-        raise InvalidRequestError(
-            f"tool_choice must be a string, dict or bool, got {type(tool_choice).__name__}")
-    return tool_choice
-
-
 def with_tools_prompt(messages: list[Message], tools: Any) -> list[Message]:
-    """``messages`` with the tools described at the end of the system prompt (added if none)."""
-    if not tools:
-        return messages
-    text = tools_prompt(specs(tools))
-    if messages and messages[0].role == "system":
-        return [Message("system", f"{messages[0].content}\n\n{text}"), *messages[1:]]
-    return [Message("system", text), *messages]
+    """``messages`` with the bound tools described at the end of the system prompt."""
+    return _with_tools_prompt(messages, openai_specs(tools) if tools else [])
 
 
 def tool_schema(tools: Any, tool_choice: Any) -> dict[str, Any] | None:
@@ -74,8 +40,7 @@ def tool_schema(tools: Any, tool_choice: Any) -> dict[str, Any] | None:
         if tool_choice not in (None, False, "auto", "none"):
             raise InvalidRequestError(f"tool_choice {tool_choice!r} given without tools")
         return None
-    spec = specs(tools)
-    return reply_schema(spec, choice_name(tool_choice, spec))
+    return reply_schema(openai_specs(tools), openai_choice(tool_choice))
 
 
 def reply_chunk(text: str) -> AIMessageChunk:
