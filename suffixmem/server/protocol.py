@@ -2,8 +2,8 @@
 
 They mirror OpenAI's chat-completions API (as vLLM's ``entrypoints/openai/protocol.py`` does),
 limited to what suffixmem implements. Unknown request fields are ignored, as OpenAI clients send
-optional fields freely; fields we know but cannot honour (``n > 1``, ``tools`` and the other
-tool fields, ``logprobs``,
+optional fields freely; fields we know but cannot honour (``n > 1``, the legacy
+``functions``, ``logprobs``,
 non-zero penalties, a ``logit_bias``) are rejected by the serving class with a 400 naming the
 field. Scalars are strict, as OpenAI's API is: ``"temperature": "0.5"`` or ``true`` is a 400,
 not a number (an integer is a number: ``"temperature": 1``). Responses may carry one extra object,
@@ -108,7 +108,8 @@ class TurnInfo(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class Choice(BaseModel):
@@ -131,6 +132,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChunkChoice(BaseModel):

@@ -59,6 +59,8 @@ from suffixmem.server.protocol import (
     TurnInfo,
     Usage,
 )
+from suffixmem.server.tools import Reply as ToolReply
+from suffixmem.server.tools import Tools, read_reply, read_tools
 from suffixmem.tool_calls import render_calls, render_result
 
 SESSION_HEADER = "X-Session-ID"
@@ -203,14 +205,9 @@ class ChatService:
     def _sampling(self, req: ChatCompletionRequest) -> dict[str, Any]:
         if req.n != 1:
             raise invalid_value("n must be 1", "n")
-        if req.tools:
-            raise invalid_value("tools are not supported", "tools")
-        for unsupported in ("functions", "function_call", "parallel_tool_calls"):
-            if getattr(req, unsupported) is not None:
-                raise invalid_value(f"{unsupported} is not supported (tools are not)",
-                                    unsupported)
-        if req.tool_choice not in (None, "none", "auto"):  # both mean "no call" without tools
-            raise invalid_value("tool_choice is not supported (tools are not)", "tool_choice")
+        for legacy in ("functions", "function_call"):
+            if getattr(req, legacy) is not None:
+                raise invalid_value(f"{legacy} is not supported; use tools", legacy)
         if req.logprobs or req.top_logprobs:
             field = "logprobs" if req.logprobs else "top_logprobs"
             raise invalid_value(f"{field} is not supported", field)
@@ -241,8 +238,8 @@ class ChatService:
             sampling["json_schema"] = fmt.json_schema.schema_
         return sampling
 
-    async def _events(self, req: ChatCompletionRequest, sid: str | None, ns: str = ""
-                      ) -> AsyncIterator[TokenEvent | TurnResult]:
+    async def _events(self, req: ChatCompletionRequest, sid: str | None, ns: str = "",
+                      tools: Tools | None = None) -> AsyncIterator[TokenEvent | TurnResult]:
         """The manager's event stream for ``req`` (``astream_complete``, whose reconciliation
         continues a session sent only its new message); raises before any event for bad
         input."""
@@ -252,6 +249,12 @@ class ChatService:
         msgs = [Message(m.role, _text(i, m, names)) for i, m in enumerate(req.messages)]
         sampling = self._sampling(req)
         schema = "json_schema" in sampling and sampling["json_schema"] is not None
+        if tools is not None:
+            if schema:
+                raise invalid_value("response_format cannot be combined with tools",
+                                    "response_format")
+            msgs = tools.prompt(msgs)  # the reply's shape is the tools' schema, not shown
+            sampling["json_schema"] = tools.schema
         # stateless: the key's namespace scopes the derived cache key (no sharing across keys)
         return self.manager.astream_complete(sid, msgs, show_schema=schema, anon_scope=ns,
                                              **sampling)
@@ -268,10 +271,11 @@ class ChatService:
                        ) -> ChatCompletion | None:
         """The whole turn; None if ``disconnected()`` turned true first (the turn was aborted
         and nothing stored: there is nobody left to answer)."""
+        tools = read_tools(req.tools, req.tool_choice)
         self._admit()
         events = None
         try:
-            events = await self._events(req, sid, ns)
+            events = await self._events(req, sid, ns, tools)
             drain = asyncio.ensure_future(_last(events))
             while not drain.done():
                 await asyncio.wait({drain}, timeout=0.25)
@@ -288,19 +292,23 @@ class ChatService:
             if events is not None:
                 with anyio.CancelScope(shield=True):
                     await events.aclose()
+        reply = (read_reply(turn.text, turn.finish_reason) if tools is not None
+                 else ToolReply(turn.text, None, turn.finish_reason))
         return ChatCompletion(
             id=f"chatcmpl-{uuid.uuid4().hex}", model=self.model_name,
-            choices=[Choice(message=AssistantMessage(content=turn.text),
-                            finish_reason=turn.finish_reason)],
+            choices=[Choice(message=AssistantMessage(content=reply.content,
+                                                     tool_calls=reply.tool_calls),
+                            finish_reason=reply.finish_reason)],
             usage=_usage(turn), suffixmem=_info(turn, client_id))
 
     async def stream(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None,
                      ns: str = "") -> AsyncIterator[str]:
         """Admit and validate now (errors become an HTTP status), then the SSE lines."""
+        tools = read_tools(req.tools, req.tool_choice)
         self._admit()
         events = None
         try:
-            events = await self._events(req, sid, ns)
+            events = await self._events(req, sid, ns, tools)
             # the manager validates on the first step: wait for it so bad input is a 400
             first = await anext(events)
         except BaseException as e:
@@ -311,10 +319,11 @@ class ChatService:
             if isinstance(e, StopAsyncIteration | Exception):
                 raise to_api_error(e) from e
             raise
-        return self._sse(first, events, req, client_id)
+        return self._sse(first, events, req, client_id, tools)
 
     async def _sse(self, first: TokenEvent | TurnResult, events: Any,
-                   req: ChatCompletionRequest, client_id: str | None) -> AsyncIterator[str]:
+                   req: ChatCompletionRequest, client_id: str | None,
+                   tools: Tools | None = None) -> AsyncIterator[str]:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         usage = req.stream_options is not None and req.stream_options.include_usage
 
@@ -328,10 +337,17 @@ class ChatService:
             async for e in _chain(first, events):
                 if isinstance(e, TurnResult):
                     turn = e
-                elif e.text:
+                elif e.text and tools is None:  # under tools the reply is read whole
                     yield chunk(choices=[ChunkChoice(delta=Delta(content=e.text))])
             assert turn is not None
-            yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=turn.finish_reason)],
+            finish = turn.finish_reason
+            if tools is not None:
+                reply = read_reply(turn.text, finish)
+                calls = [{"index": i, **c} for i, c in enumerate(reply.tool_calls or ())]
+                yield chunk(choices=[ChunkChoice(delta=Delta(content=reply.content,
+                                                             tool_calls=calls or None))])
+                finish = reply.finish_reason
+            yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=finish)],
                         suffixmem=_info(turn, client_id))
             if usage:
                 yield chunk(choices=[], usage=_usage(turn))

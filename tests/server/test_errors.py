@@ -48,8 +48,10 @@ USER = [{"role": "user", "content": "hi"}]
     ({"messages": USER, "stop": [""]}, "stop", "stop"),
     ({"messages": "hello"}, "messages", "messages"),
     ({}, "messages", "messages"),
-    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
-     "tools", "tools"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "string"}}}]}, "tools", "object"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "response_format": {"type": "json_object"}}, "response_format", "tools"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url",
                                                  "image_url": {"url": "x"}}]}]},
      "messages[0].content", "text parts"),
@@ -107,11 +109,17 @@ def test_other_statuses(server: Server) -> None:
     assert e["param"] == "stream"
     e = error_of(httpx.get(server.url + "/v1/nothing", headers=AUTH), 404)
     assert (e["type"], e["code"]) == ("invalid_request_error", "unknown_url")
-    # tool fields are refused like tools, not dropped; "auto"/"none" without tools are no-ops
-    for field, value in (("tool_choice", "required"), ("functions", [{"name": "f"}]),
-                         ("function_call", "auto"), ("parallel_tool_calls", False)):
+    # the legacy function fields are refused, not dropped; a tool_choice needs tools, except
+    # "auto"/"none", which are no-ops without them; tools must be OpenAI function tools
+    for field, value, says in (("tool_choice", "required", "needs tools"),
+                               ("functions", [{"name": "f"}], "use tools"),
+                               ("function_call", "auto", "use tools"),
+                               ("tools", [{"type": "function"}], "not an OpenAI function tool")):
         e = error_of(post(server, {"messages": USER, field: value}), 400)
-        assert e["param"] == field and "not supported" in str(e["message"])
+        assert e["param"] == field and says in str(e["message"]), e
+    e = error_of(post(server, {"messages": USER, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object"}}}], "tool_choice": "g"}), 400)
+    assert e["param"] == "tool_choice", e
     e = error_of(post(server, {"messages": [
         {"role": "user", "content": "6*7?"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",

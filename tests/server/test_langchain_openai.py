@@ -38,3 +38,21 @@ def test_chat_openai_in_a_chain(server: Server) -> None:
     msg = llm.invoke("One more word?")
     usage = msg.usage_metadata
     assert usage is not None and usage["input_token_details"]["cache_read"] > 0
+
+
+def test_chat_openai_bind_tools(server: Server) -> None:
+    """``ChatOpenAI.bind_tools`` against ``suffixmem serve``: a standard ``AIMessage.tool_calls``
+    (it was a 400, "tools are not supported")."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+
+    llm = ChatOpenAI(base_url=server.url + "/v1", api_key=KEY_A, model=server.model,
+                     temperature=0, max_tokens=40, max_retries=0)
+    msg = llm.bind_tools([multiply], tool_choice="multiply").invoke("What is 6 times 7?")
+    assert len(msg.tool_calls) == 1 and msg.tool_calls[0]["name"] == "multiply"
+    assert set(msg.tool_calls[0]["args"]) == {"a", "b"}

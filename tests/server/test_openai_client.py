@@ -4,6 +4,7 @@ cached tokens rising within a session, both history styles, and stateless reques
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import httpx
@@ -103,3 +104,46 @@ def test_async_client_and_stateless(server: Server) -> None:
     cached, after = asyncio.run(run())
     assert cached[1] > cached[0]
     assert after == before + 1  # the stateless requests stored no session
+
+
+MUL = {"type": "function", "function": {
+    "name": "multiply", "description": "Multiply two integers",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+
+
+def test_tool_calls_round_trip_with_the_cache(server: Server) -> None:
+    """OpenAI tool calling over HTTP: a forced call comes back as ``tool_calls`` whose
+    arguments follow the tool's schema; the client resends the call and its result, which
+    continue the stored session (the call re-serialised still matches the generated reply)
+    from the cache; streamed, the call arrives as one ``tool_calls`` delta."""
+    c = client(server)
+    sid = f"tools-{uuid.uuid4().hex[:8]}"
+    msgs: list[dict[str, object]] = [{"role": "user", "content": "What is 6 times 7?"}]
+    r = c.chat.completions.create(  # type: ignore[attr-defined]
+        model=server.model, messages=msgs, tools=[MUL], tool_choice="required",
+        max_tokens=40, temperature=0, extra_headers={"X-Session-ID": sid})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == "multiply"
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"a", "b"} and all(isinstance(v, int) for v in args.values())
+    msgs += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+             {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    r2 = c.chat.completions.create(  # type: ignore[attr-defined]
+        model=server.model, messages=msgs, tools=[MUL], tool_choice="none", max_tokens=12,
+        temperature=0, extra_headers={"X-Session-ID": sid})
+    assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
+    assert r2.model_extra["suffixmem"]["history"] == "appended"
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 32
+    stream = c.chat.completions.create(  # type: ignore[attr-defined]
+        model=server.model, messages=[{"role": "user", "content": "Multiply 3 by 5."}],
+        tools=[MUL], tool_choice={"type": "function", "function": {"name": "multiply"}},
+        max_tokens=40, temperature=0, stream=True)
+    deltas = [ch.choices[0] for ch in stream if ch.choices]
+    calls = [d.delta.tool_calls for d in deltas if d.delta.tool_calls]
+    assert len(calls) == 1 and calls[0][0].function.name == "multiply"
+    assert json.loads(calls[0][0].function.arguments).keys() == {"a", "b"}
+    assert deltas[-1].finish_reason == "tool_calls"
