@@ -23,6 +23,7 @@ from suffixmem.conversation.manager import ConversationManager, ManagerConfig
 from suffixmem.engine.protocol import Message, Request, SamplingParams, TokenEvent
 from suffixmem.engine.replica_process import Replica, start_replica, wait_healthy
 from suffixmem.engine.routing import rank
+from tests.server.conftest import wait_for_server
 
 pytestmark = pytest.mark.slow
 
@@ -189,16 +190,7 @@ def test_suffixmem_serve_over_the_replicas(replicas, database_url, tmp_path) -> 
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "suffixmem serve did not start"
-            time.sleep(1)
+        wait_for_server(proc, url, 180, lambda: (tmp_path / "serve.log").read_text()[-2000:])
         usage = []
         for question in ("Tell me about bread.", "And about cheese?"):
             r = httpx.post(f"{url}/v1/chat/completions", timeout=120,

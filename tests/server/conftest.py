@@ -5,9 +5,10 @@ keys (A and B) so namespaces can be tested."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,23 @@ class Server:
     manager: object
     model: str
     app: object
+
+
+def wait_for_server(proc: subprocess.Popen[str] | subprocess.Popen[bytes], url: str,
+                 timeout_s: float, log: Callable[[], str]) -> None:
+    """Until ``url``/health answers 200; fails with ``log()`` if ``proc`` exits first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, log()
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not start"
+        time.sleep(0.5)
 
 
 def free_port() -> int:

@@ -42,9 +42,10 @@ def test_sigterm_stores_the_answered_turn_and_closes(tmp_path: Path) -> None:
     import sqlite3
     import subprocess
     import sys
-    import time
 
     import httpx
+
+    from tests.server.conftest import wait_for_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,16 +58,7 @@ def test_sigterm_stores_the_answered_turn_and_closes(tmp_path: Path) -> None:
         env={**os.environ, "SUFFIXMEM_HOME": os.environ.get("SUFFIXMEM_HOME", str(tmp_path))})
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.5)
+        wait_for_server(proc, url, 240, lambda: proc.stderr.read() if proc.stderr else "")
         r = httpx.post(f"{url}/v1/chat/completions", headers={"X-Session-ID": "t1"}, timeout=120,
                        json={"messages": [{"role": "user", "content": "Say one."}],
                              "max_tokens": 4, "temperature": 0})

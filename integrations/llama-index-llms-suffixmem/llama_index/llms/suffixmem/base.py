@@ -39,7 +39,7 @@ from llama_index.llms.suffixmem.responses import (
     tool_response,
     usage,
 )
-from llama_index.llms.suffixmem.tools import specs, tool_selections, with_tools_prompt
+from llama_index.llms.suffixmem.tools import specs, tool_selections
 
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
@@ -48,7 +48,7 @@ from suffixmem.engine import check_engine
 from suffixmem.engine.async_stream import aiter_events
 from suffixmem.engine.protocol import Message, Result, SamplingParams
 from suffixmem.errors import InvalidRequestError
-from suffixmem.tool_calls import ToolSpec, reply_schema
+from suffixmem.tool_calls import ToolSpec, reply_schema, with_tools_prompt
 
 _SAMPLING_KWARGS = frozenset(
     {"temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "json_schema", "ignore_eos"})

@@ -11,9 +11,8 @@ from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageR
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.llms.suffixmem.messages import RAW_KEY
 
-from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError
-from suffixmem.tool_calls import ToolSpec, parse_reply, tools_prompt
+from suffixmem.tool_calls import ToolSpec, parse_reply
 
 
 def specs(tools: Sequence[Any]) -> list[ToolSpec]:
@@ -27,17 +26,6 @@ def specs(tools: Sequence[Any]) -> list[ToolSpec]:
         out.append(ToolSpec(meta.get_name(), meta.description or "",
                             meta.get_parameters_dict()))
     return out
-
-
-def with_tools_prompt(messages: list[Message], tools: Sequence[ToolSpec]) -> list[Message]:
-    """``messages`` with the tools described at the end of the system prompt (the same for
-    every call with these tools, so the conversation after it stays cached)."""
-    if not tools:
-        return messages
-    text = tools_prompt(tools)
-    if messages and messages[0].role == "system":
-        return [Message("system", f"{messages[0].content}\n\n{text}"), *messages[1:]]
-    return [Message("system", text), *messages]
 
 
 def reply_message(text: str, extra: dict[str, Any]) -> ChatMessage:
