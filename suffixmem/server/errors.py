@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from suffixmem.conversation.locks import SessionBusyError
+from suffixmem.engine.routing import UpstreamError
 from suffixmem.errors import (
     CapacityError,
     ContextWindowError,
@@ -45,20 +46,24 @@ def to_api_error(exc: BaseException) -> APIError:
     else to 500 (logged; never the outcome of bad input, which the library rejects first)."""
     if isinstance(exc, APIError):
         return exc
-    msg = " ".join(str(exc).split())
+    # a session id is shown as its client sent it, without the key's namespace prefix
+    msg = _NAMESPACE.sub("", " ".join(str(exc).split()))
     if isinstance(exc, UnknownSessionError):
         return APIError(404, msg, param="session", code="session_not_found")
     if isinstance(exc, ContextWindowError):
         return APIError(400, msg, param="messages", code="context_length_exceeded")
     if isinstance(exc, SessionBusyError):
         return APIError(409, msg, type="conflict_error", code="session_busy")
-    if isinstance(exc, CapacityError | EngineClosedError | StoreError):
+    if isinstance(exc, CapacityError | EngineClosedError | StoreError | UpstreamError):
         return APIError(503, msg, type="server_error", code="unavailable",
                         headers={"Retry-After": "1"})
     if isinstance(exc, InvalidRequestError | ValueError):
         return invalid_value(msg, _param_of(msg))
     log.error("internal error", exc_info=exc)
     return APIError(500, "internal server error", type="server_error", code="internal_error")
+
+
+_NAMESPACE = re.compile(r"(?<=')k[0-9a-f]{16}\.")  # serving.namespace(key), inside quotes
 
 
 def _param_of(message: str) -> str | None:

@@ -159,12 +159,15 @@ class ChatService:
         """The stored id of ``client_id`` within namespace ``ns`` (validated; None: none)."""
         if client_id is None:
             return None
-        from suffixmem.conversation.validation import check_session_id
+        from suffixmem.conversation.validation import MAX_ID_LEN, check_session_id
 
         try:
             check_session_id(client_id, field_name)
         except InvalidRequestError as e:
             raise invalid_value(str(e), field_name) from None
+        if len(ns) + len(client_id) > MAX_ID_LEN:  # the key's prefix shares the stored limit
+            raise invalid_value(f"{field_name} is too long: {len(client_id)} characters, the "
+                                f"limit with an API key is {MAX_ID_LEN - len(ns)}", field_name)
         return ns + client_id
 
     async def list_sessions(self, ns: str) -> dict[str, Any]:

@@ -94,6 +94,9 @@ def test_other_statuses(server: Server) -> None:
     assert e["code"] == "session_not_found"
     e = error_of(post(server, {"messages": USER}, {"X-Session-ID": "x" * 300}), 400)
     assert e["param"] == "X-Session-ID"
+    # the key's hidden namespace shares the 128 characters: the limit says so, naming the field
+    e = error_of(post(server, {"messages": USER}, {"X-Session-ID": "x" * 120}), 400)
+    assert e["param"] == "X-Session-ID" and "limit with an API key is 110" in str(e["message"])
     big = {"messages": [{"role": "user", "content": "a" * 70_000}]}
     assert error_of(post(server, big), 413)["code"] == "request_too_large"
     e = error_of(post(server, None, raw=b"{not json"), 400)

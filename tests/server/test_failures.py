@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from suffixmem.conversation.locks import SessionBusyError
+from suffixmem.engine.routing import UpstreamError
 from suffixmem.errors import (
     CapacityError,
     ContextWindowError,
@@ -35,6 +36,7 @@ from tests.server.conftest import start
     (CapacityError("full"), 503, "unavailable"),
     (EngineClosedError("closed"), 503, "unavailable"),
     (StoreError("db down"), 503, "unavailable"),
+    (UpstreamError("every replica is down"), 503, "unavailable"),  # was a 500 and a traceback
     (RuntimeError("secret internals"), 500, "internal_error"),
 ])
 def test_error_mapping(exc: Exception, status: int, code: str) -> None:
@@ -43,6 +45,13 @@ def test_error_mapping(exc: Exception, status: int, code: str) -> None:
     assert "secret" not in err.body.message  # a 500 never leaks the exception text
     if status == 503:
         assert err.headers == {"Retry-After": "1"}
+
+
+def test_a_session_id_is_shown_without_its_keys_namespace() -> None:
+    from suffixmem.server.serving import namespace
+
+    err = to_api_error(UnknownSessionError(namespace("sk-a") + "other"))
+    assert err.body.message == "unknown session 'other'"
 
 
 class FailingEngine:

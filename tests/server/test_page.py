@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from suffixmem.server.serving import namespace
-from tests.server.conftest import KEY_A, Server
+from tests.server.conftest import KEY_A, KEY_B, Server
 
 pytest.importorskip("playwright")
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -73,5 +73,14 @@ def test_page_two_turns(server: Server, tmp_path: Path) -> None:
             out = ROOT / "results" / "serve"
             out.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(out / "page.png"))
+            # another key is another namespace: the conversation leaves the screen (it stayed,
+            # and the next message went to that key's session of the same name)
+            page.fill("#api-key", KEY_B)
+            page.dispatch_event("#api-key", "change")
+            expect(page.locator("#log .msg")).to_have_count(0)
+            page.fill("#api-key", "not-a-key")
+            page.dispatch_event("#api-key", "change")
+            expect(page.locator("#log .msg.error")).to_have_count(1)  # a wrong key says so
+            expect(page.locator("#sessions button")).to_have_count(0)
         finally:
             browser.close()

@@ -68,7 +68,11 @@ function drawChart() {
 async function refreshSessions() {
   const list = $("sessions");
   let data = [];
-  try { data = (await api("/v1/sessions")).data; } catch (e) { return; }
+  try { data = (await api("/v1/sessions")).data; } catch (e) {
+    list.replaceChildren();  // a wrong key: no list, and say why
+    addMessage("error", String(e.message || e));
+    return;
+  }
   list.replaceChildren();
   for (const s of data) {
     const li = document.createElement("li");
@@ -188,5 +192,12 @@ $("input").addEventListener("keydown", (e) => {
 $("new-session").addEventListener("click", newSession);
 document.addEventListener("keydown", (e) => { if (e.altKey && (e.key === "n" || e.key === "N")) { e.preventDefault(); newSession(); } });
 $("api-key").value = localStorage.getItem("suffixmem-api-key") || "";
-$("api-key").addEventListener("change", () => { localStorage.setItem("suffixmem-api-key", $("api-key").value); refreshSessions(); });
+// another key is another namespace: the conversation on screen is not one of its sessions
+$("api-key").addEventListener("change", () => {
+  const key = $("api-key").value;
+  if (key === localStorage.getItem("suffixmem-api-key")) return;  // the same key again
+  localStorage.setItem("suffixmem-api-key", key);
+  newSession();
+  refreshSessions();
+});
 refreshSessions();
