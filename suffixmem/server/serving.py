@@ -295,7 +295,7 @@ class ChatService:
             if events is not None:
                 with anyio.CancelScope(shield=True):
                     await events.aclose()
-        reply = (read_reply(turn.text, turn.finish_reason) if tools is not None
+        reply = (read_reply(turn.text, turn.finish_reason) if tools is not None and tools.schema
                  else ToolReply(turn.text, None, turn.finish_reason))
         return ChatCompletion(
             id=f"chatcmpl-{uuid.uuid4().hex}", model=self.model_name,
@@ -329,6 +329,7 @@ class ChatService:
                    tools: Tools | None = None) -> AsyncIterator[str]:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         usage = req.stream_options is not None and req.stream_options.include_usage
+        whole = tools is not None and tools.schema is not None  # a reply that may be a call
 
         def chunk(**kw: Any) -> str:
             c = ChatCompletionChunk(id=cid, model=self.model_name, **kw)
@@ -340,11 +341,11 @@ class ChatService:
             async for e in _chain(first, events):
                 if isinstance(e, TurnResult):
                     turn = e
-                elif e.text and tools is None:  # under tools the reply is read whole
+                elif e.text and not whole:  # a reply that may be a call is read whole
                     yield chunk(choices=[ChunkChoice(delta=Delta(content=e.text))])
             assert turn is not None
             finish = turn.finish_reason
-            if tools is not None:
+            if whole:
                 reply = read_reply(turn.text, finish)
                 calls = [{"index": i, **c} for i, c in enumerate(reply.tool_calls or ())]
                 yield chunk(choices=[ChunkChoice(delta=Delta(content=reply.content,
