@@ -17,7 +17,7 @@ import json
 import sys
 import uuid
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -38,9 +38,6 @@ from suffixmem.cli_sessions import sessions_app
 from suffixmem.config import DEFAULT_MODEL, suffixmem_home
 from suffixmem.errors import ConfigError, SuffixmemError, UnknownSessionError
 from suffixmem.stdio import quiet_start, quiet_stdout
-
-if TYPE_CHECKING:  # the manager loads lazily: --help and bad options stay fast
-    pass
 
 try:  # typer >= 0.20 vendors click; older ones use click itself
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
