@@ -27,6 +27,7 @@ from suffixmem import repl
 from suffixmem.cli_checks import (
     _check_database,
     _check_engine,
+    _check_engine_options,
     _check_port,
     _manager_config,
     _preflight,
@@ -83,17 +84,11 @@ def _make_manager(engine_name: str, model: str, database: str, max_model_len: in
 
     config = _manager_config(model, topic_signal)  # before the engine: its errors are cheap
 
+    _check_engine_options(engine_name, upstream, kv_tier)
     if engine_name == "remote":
-        if kv_tier:
-            raise ConfigError("--kv-tier needs --engine vllm or torch (vLLM servers keep "
-                              "their own caches)")
-        if not upstream:
-            raise ConfigError("--engine remote needs --upstream URL (one per vLLM server)")
         # the session rows pin each session to its replica, shared by every process
         engine = create_engine("remote", urls=upstream, database_url=database, model=model,
                                max_model_len=max_model_len)
-    elif upstream:
-        raise ConfigError("--upstream is only used with --engine remote")
     else:
         engine = create_engine(engine_name, model=model, max_model_len=max_model_len,
                                kv_tier=kv_tier)
@@ -253,13 +248,7 @@ def serve(
                           ) from None
 
     _check_engine(engine)
-    if engine == "remote" and not upstream:
-        raise ConfigError("--engine remote needs --upstream URL (one per vLLM server)")
-    if engine != "remote" and upstream:
-        raise ConfigError("--upstream is only used with --engine remote")
-    if engine == "remote" and kv_tier:
-        raise ConfigError("--kv-tier needs --engine vllm or torch (vLLM servers keep their own "
-                          "caches)")
+    _check_engine_options(engine, upstream, kv_tier)
     url = _check_database(database)
     keys = tuple(api_key or [k.strip() for k in os.environ.get("SUFFIXMEM_API_KEY", "").split(",")
                              if k.strip()])

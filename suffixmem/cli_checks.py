@@ -64,6 +64,19 @@ def _check_database(url: str | None) -> str:
     return url
 
 
+def _check_engine_options(engine: str, upstream: list[str] | None, kv_tier: bool) -> None:
+    """The options that depend on the engine: ``--upstream`` with ``remote`` only (and
+    needed there), ``--kv-tier`` with an embedded engine only."""
+    if engine == "remote":
+        if kv_tier:
+            raise ConfigError("--kv-tier needs --engine vllm or torch (vLLM servers keep "
+                              "their own caches)")
+        if not upstream:
+            raise ConfigError("--engine remote needs --upstream URL (one per vLLM server)")
+    elif upstream:
+        raise ConfigError("--upstream is only used with --engine remote")
+
+
 def _check_port(host: str, port: int) -> None:
     """That the server can listen on ``host:port``, checked before the engine starts (uvicorn
     reported a taken port after it, and accepted a port above 65535)."""
