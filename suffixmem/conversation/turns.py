@@ -298,10 +298,12 @@ def last_event(events: Iterator[Any]) -> Any:
 
 
 async def alast_event(events: AsyncIterator[Any]) -> Any:
-    """The last event of an async stream (a turn's result), draining it."""
+    """``last_event`` of an async stream."""
     out = None
     async for out in events:  # noqa: B007 - the last event is the turn's result
         pass
+    if out is None:
+        raise InvalidRequestError("the turn produced no result")
     return out
 
 

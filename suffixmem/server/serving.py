@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 
 from suffixmem.conversation.manager import ConversationManager, TurnResult
+from suffixmem.conversation.turns import alast_event
 from suffixmem.engine.protocol import Message, TokenEvent
 from suffixmem.errors import InvalidRequestError
 from suffixmem.server.errors import APIError, invalid_value, to_api_error
@@ -279,7 +280,7 @@ class ChatService:
         events = None
         try:
             events = await self._events(req, sid, ns, tools)
-            drain = asyncio.ensure_future(_last(events))
+            drain = asyncio.ensure_future(alast_event(events))
             while not drain.done():
                 await asyncio.wait({drain}, timeout=0.25)
                 if not drain.done() and disconnected is not None and await disconnected():
@@ -364,16 +365,6 @@ class ChatService:
             with anyio.CancelScope(shield=True):
                 await events.aclose()
         yield "data: [DONE]\n\n"
-
-
-async def _last(events: AsyncIterator[Any]) -> TurnResult:
-    turn = None
-    async for e in events:
-        if isinstance(e, TurnResult):
-            turn = e
-    if turn is None:
-        raise RuntimeError("the turn ended without a result")
-    return turn
 
 
 async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
