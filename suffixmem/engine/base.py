@@ -218,6 +218,14 @@ class BaseEngine(Driver):
         """Forget a deleted session's KV tier files; returns how many (0: no tier)."""
         return 0
 
+    def unavailable(self) -> str | None:
+        """Why a request would fail now, in one line (None: the engine can serve)."""
+        if self._closed:
+            return f"engine {self.name!r} is closed"
+        if self._driver is not None and not self._driver.is_alive():
+            return f"engine {self.name!r} has stopped"
+        return None
+
     @abstractmethod
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix block not in use (runs in the driver thread)."""

@@ -378,6 +378,12 @@ class Engine(Protocol):
         backend only says whether it succeeded)."""
         ...
 
+    def unavailable(self) -> str | None:
+        """Why a request would fail now, in one line (closed; every remote replica down), or
+        None when the engine can serve. Optional: the server's ``/health`` treats an engine
+        without it as available."""
+        ...
+
     def close(self) -> None:
         """Stop; every pending caller gets ``EngineClosedError``."""
         ...

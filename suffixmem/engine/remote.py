@@ -222,6 +222,12 @@ class RemoteEngine(BaseEngine):
             extra["moved_sessions"] += int(moved)
             extra["replica_requests"][url] = extra["replica_requests"].get(url, 0) + 1
 
+    def unavailable(self) -> str | None:
+        """None while some replica is up (the health thread's view); else which are down."""
+        if self._closed or self.router.healthy():
+            return super().unavailable()
+        return f"no replica is up: {', '.join(self.router.urls)}"
+
     def replica_of(self, session_key: str) -> str | None:
         """The replica the session is pinned to (None: not served yet)."""
         return self.router.pins.get(session_key)

@@ -117,9 +117,12 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
     async def _other(_: Request, exc: Exception) -> JSONResponse:
         return error_response(to_api_error(exc))
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return service.health()
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any] | JSONResponse:
+        state = service.health()
+        if state["status"] == "ok":
+            return state
+        return JSONResponse(state, status_code=503, headers={"Retry-After": "1"})
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

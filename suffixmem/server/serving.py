@@ -151,8 +151,13 @@ class ChatService:
                                for n in names])
 
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.model_name, "pending": self.pending,
-                "max_pending": self.config.max_pending}
+        """``status`` "ok", or "unavailable" with the engine's ``reason`` (every remote replica
+        down, the engine closed): a load balancer then stops sending turns that would fail."""
+        probe = getattr(self.manager.engine, "unavailable", None)
+        reason = probe() if probe is not None else None
+        health = {"status": "unavailable" if reason else "ok", "model": self.model_name,
+                  "pending": self.pending, "max_pending": self.config.max_pending}
+        return health | ({"reason": reason} if reason else {})
 
     # -- sessions -------------------------------------------------------------------------------
     @staticmethod

@@ -281,3 +281,28 @@ def test_killing_the_replica_moves_its_sessions_with_history_intact(  # type: ig
         assert [m.content for m in history if m.role == "user"][:2] == [
             "Turn 0: tell me about bread.", "Turn 1: tell me about bread."]
         assert _replica_column(manager, sid) == survivor.url
+
+
+def test_health_says_unavailable_once_every_replica_is_down(  # type: ignore[no-untyped-def]
+        manager, remote, replicas) -> None:
+    import httpx
+
+    from suffixmem.server import create_app
+    from tests.server.conftest import start
+
+    uv, thread, url = start(create_app(manager))
+    try:
+        assert remote.unavailable() is None  # the survivor of the test above is up
+        assert httpx.get(url + "/health").json()["status"] == "ok"
+        for r in replicas:
+            r.kill()
+        deadline = time.monotonic() + 10  # the health thread probes every second
+        while remote.unavailable() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        health = httpx.get(url + "/health")
+        assert health.status_code == 503 and health.headers["Retry-After"] == "1"
+        assert health.json()["status"] == "unavailable"
+        assert all(r.url in health.json()["reason"] for r in replicas)
+    finally:
+        uv.should_exit = True  # type: ignore[attr-defined]
+        thread.join(30)

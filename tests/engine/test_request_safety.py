@@ -178,6 +178,7 @@ def test_rejected_large_messages_cache_nothing_and_hold_no_memory(engine: Any) -
 @pytest.mark.parametrize("name", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_closing_while_a_caller_streams_ends_it_with_a_clear_error(name: str) -> None:
     e = _make(name)
+    assert e.unavailable() is None
     stream = e.stream(_req(max_tokens=400, ignore_eos=True))
     assert isinstance(next(stream), TokenEvent)
     waiting: list[BaseException] = []
@@ -200,6 +201,7 @@ def test_closing_while_a_caller_streams_ends_it_with_a_clear_error(name: str) ->
         e.generate(_req(max_tokens=2))
     with pytest.raises(EngineClosedError):
         e.reset_prefix_cache()
+    assert e.unavailable() == f"engine {name!r} is closed"  # what the server's /health says
 
 
 @pytest.mark.parametrize("name", ["torch", pytest.param("vllm", marks=pytest.mark.vllm)])
