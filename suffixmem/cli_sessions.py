@@ -2,8 +2,9 @@
 ``list``, ``show``, ``delete`` and ``vacuum`` (give a deleted session's space back to the file
 system). Everything goes through ``Store`` (its transactions, its one-line errors); ``--json``
 prints machine-readable output. ``delete`` also removes the session's KV-tier folders under
-``$SUFFIXMEM_HOME/kv`` (every model's), as ``ConversationManager.delete_session`` does; a
-running engine's tier reads their blocks as misses.
+``$SUFFIXMEM_HOME/kv`` or ``--kv-tier-dir`` (every model's), as
+``ConversationManager.delete_session`` does; a running engine's tier reads their blocks as
+misses.
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ def show(session: str = typer.Argument(..., help="The session id."),
 
 @sessions_app.command("delete")
 def delete(sessions: list[str] = typer.Argument(..., help="Session ids."),  # noqa: B008
-           database: str | None = DATABASE) -> None:
+           database: str | None = DATABASE,
+           kv_tier_dir: str | None = typer.Option(
+               None, help="The KV tier's folder, where an engine was given one "
+                          "(EngineConfig.kv_tier_dir; default: $SUFFIXMEM_HOME/kv).")) -> None:
     """Delete sessions with their messages and statistics; an unknown id is an error, after
     the known ones before it were deleted."""
     for sid in sessions:
@@ -83,22 +87,22 @@ def delete(sessions: list[str] = typer.Argument(..., help="Session ids."),  # no
     try:
         for sid in sessions:
             store.delete_session(sid)
-            files = _delete_tier_files(sid)
+            files = _delete_tier_files(sid, kv_tier_dir)
             console.print(f"deleted [cyan]{escape(sid)}[/]"
-                          + (f" and {files} KV-tier files" if files else ""))
+                          + (f" and {files} KV-tier file{'s' * (files > 1)}" if files else ""))
     finally:
         store.close()
 
 
-def _delete_tier_files(session_id: str) -> int:
-    """Remove the session's folders of the default KV tier (one per model); how many files."""
+def _delete_tier_files(session_id: str, configured: str | None) -> int:
+    """Remove the session's folders of the KV tier (one per model); how many files."""
     import shutil
 
     from suffixmem.config import kv_tier_dir
     from suffixmem.engine.kv_tier import salt_digest
 
     files = 0
-    for folder in kv_tier_dir().glob(f"*/{salt_digest(session_id)}"):
+    for folder in kv_tier_dir(configured).glob(f"*/{salt_digest(session_id)}"):
         files += sum(1 for p in folder.rglob("*") if p.is_file())
         shutil.rmtree(folder, ignore_errors=True)
     return files

@@ -82,3 +82,19 @@ def test_delete_removes_the_sessions_kv_tier_folders(tmp_path: Path) -> None:
     assert "2 KV-tier files" in r.stdout
     assert not list((tmp_path / "kv").glob(f"*/{salt_digest('gone')}"))
     assert len(list((tmp_path / "kv").glob(f"*/{salt_digest('kept')}/block.kv"))) == 2
+
+
+def test_delete_finds_tier_files_in_a_configured_folder(tmp_path: Path) -> None:
+    from suffixmem.engine.kv_tier import salt_digest
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = Store(url)
+    store.open_session("gone")
+    store.close()
+    folder = tmp_path / "elsewhere" / "model-a" / salt_digest("gone")  # EngineConfig.kv_tier_dir
+    folder.mkdir(parents=True)
+    (folder / "block.kv").write_bytes(b"x")
+    r = _run("delete", "gone", "--database", url, "--kv-tier-dir", str(tmp_path / "elsewhere"),
+             SUFFIXMEM_HOME=str(tmp_path / "home"))
+    assert r.returncode == 0, r.stderr
+    assert "1 KV-tier file\n" in r.stdout and not folder.exists()
