@@ -172,3 +172,17 @@ def anon_key(messages: Sequence[Message], scope: str = "") -> str:
     h.update(b"\x00")
     h.update(first.encode())
     return f"anon-{h.hexdigest()}"
+
+
+def readable(messages: list[Message]) -> list[Message]:
+    """A resent list without the empty user, system or tool messages before the last one.
+
+    They give the model nothing to read, and a framework keeps them: LangGraph checkpoints a
+    thread's input before the model runs, a LlamaIndex chat engine stores the user message
+    before it calls the LLM, so one empty message, refused once, would be resent and refused
+    with every later turn. The last message stays (an empty new message is still refused,
+    naming it), and so do empty replies: the session stores them, so dropping one would read
+    as a rewritten history and recompute the prompt."""
+    last = len(messages) - 1
+    return [m for i, m in enumerate(messages)
+            if i == last or m.role == "assistant" or m.content.strip()]

@@ -42,10 +42,11 @@ from langchain_suffixmem._base import (
     awith_deadline,
     with_deadline,
 )
-from langchain_suffixmem.messages import STORED_KEY, readable, to_suffixmem
+from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
 from langchain_suffixmem.stored_turns import STORED_TURNS
 from langchain_suffixmem.tools import openai_tools, reply_chunk, tool_schema, with_tools_prompt
 from suffixmem.conversation.manager import ConversationManager, TurnResult
+from suffixmem.conversation.reconcile import readable
 from suffixmem.engine.protocol import TokenEvent
 
 StructuredMethod = Literal["json_schema", "json_mode", "function_calling"]

@@ -135,17 +135,6 @@ def to_suffixmem(messages: Sequence[BaseMessage]) -> list[Message]:
     return out
 
 
-def readable(messages: list[Message]) -> list[Message]:
-    """``messages`` without the empty user, system or tool messages before the last one: they
-    give the model nothing to read, and LangGraph checkpoints a thread's input before the
-    model runs, so one empty message, refused once, would be resent and refused with every
-    later turn of the thread. The last message stays (an empty new message is still refused,
-    naming it), and so do empty replies (a reply may be empty)."""
-    last = len(messages) - 1
-    return [m for i, m in enumerate(messages)
-            if i == last or m.role == "assistant" or m.content.strip()]
-
-
 def to_langchain(message: Message) -> BaseMessage:
     """A stored suffixmem message -> the LangChain message of its role."""
     if message.role == "system":

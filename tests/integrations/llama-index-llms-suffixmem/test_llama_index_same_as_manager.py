@@ -67,3 +67,25 @@ def test_empty_message_does_not_poison_the_session(
     stored = manager.history("li-empty")
     assert [m.content for m in stored if m.role == "user"][-2:] == list(QUESTIONS[:2])
     assert stored[-1].role == "assistant" and stored[-1].token_ids
+
+
+def test_an_empty_reply_in_the_history_keeps_the_session_appended(
+    shared_engine: Any, manager: Any, database_url: str
+) -> None:
+    """A reply may be empty and the session stores it; dropping it from what is resent (as
+    empty user messages are) read as a rewritten history and recomputed the prompt."""
+    from llama_index.core.llms import ChatMessage
+
+    llm = SuffixMemLLM(**MODEL_PARAMS, database_url=database_url, session_id="li-empty-reply",
+                       max_tokens=8, temperature=0.0)
+    sent = [ChatMessage(role="system", content=SYSTEM),
+            ChatMessage(role="user", content="Say nothing."),
+            ChatMessage(role="assistant", content=""),
+            ChatMessage(role="user", content=QUESTIONS[0])]
+    first = llm.chat(sent)
+    assert first.raw["usage"]["history"] == "new"
+    second = llm.chat([*sent, first.message, ChatMessage(role="user", content=QUESTIONS[1])])
+    usage = second.raw["usage"]
+    assert usage["history"] == "appended", usage
+    assert usage["cached_tokens"] >= first.raw["usage"]["prompt_tokens"] // 32 * 32
+    assert [m.content for m in manager.history("li-empty-reply")][:2] == ["Say nothing.", ""]

@@ -44,6 +44,7 @@ from llama_index.llms.suffixmem.tools import specs, tool_selections
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
+from suffixmem.conversation.reconcile import readable
 from suffixmem.engine import check_engine
 from suffixmem.engine.async_stream import aiter_events
 from suffixmem.engine.protocol import Message, Result, SamplingParams
@@ -77,9 +78,10 @@ class SuffixMemLLM(FunctionCallingLLM):
     chat store holds. ``None`` (default) is stateless. Sampling fields left ``None`` take the
     manager's defaults (``temperature=None``: the session's semantic temperature).
 
-    Every response's ``raw["usage"]`` and ``additional_kwargs`` hold the usage. Empty messages
-    in the history are left out of what the model reads (a chat engine stores an empty user
-    message before it calls the LLM; it must not make every later turn fail). ``complete``
+    Every response's ``raw["usage"]`` and ``additional_kwargs`` hold the usage. Empty user,
+    system and tool messages before the last one are left out of what the model reads
+    (``suffixmem.conversation.reconcile.readable``: a chat engine stores an empty user message
+    before it calls the LLM; it must not make every later turn fail). ``complete``
     sends the prompt as one user message through the chat template unless ``formatted=True``
     or a custom ``completion_to_prompt`` is set; then the text is completed as is
     (``ConversationManager.stream_text``, nothing stored).
@@ -198,9 +200,7 @@ class SuffixMemLLM(FunctionCallingLLM):
                     "guided decoding); use the 'vllm' engine (or install xgrammar for the "
                     "'torch' engine)")
             sampling["json_schema"] = schema
-        # an empty message gives the model nothing to read; leaving it out keeps a history
-        # that holds one (a chat engine stores the user message before calling us) usable
-        sent = with_tools_prompt([m for m in to_suffixmem(messages) if m.content.strip()], tools)
+        sent = with_tools_prompt(readable(to_suffixmem(messages)), tools)
         manager = self.get_manager()
         if asynchronous:
             return session_id, manager.astream_complete(session_id, sent, **sampling)
