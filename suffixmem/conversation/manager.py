@@ -21,9 +21,10 @@ session.
 
 **Concurrency.** Turns of one session are serialised by a per-session lock held only while the
 turn runs (``locks``); an abandoned stream releases it when collected; a waiting turn times out
-with ``SessionBusyError``. Different sessions never wait for each other. On PostgreSQL an
-advisory lock (``cluster.SharedTurnLock``) extends that across processes, and a turn plans again
-from the stored history once it holds it, so no process generates from stale history.
+with ``SessionBusyError``. Different sessions never wait for each other. On PostgreSQL (an
+advisory lock) and on a SQLite file with ``durability="sync"`` (a byte-range file lock),
+``cluster.SharedTurnLock`` extends that across processes, and a turn plans again from the
+stored history once it holds it, so no process generates from stale history.
 
 The manager never imports torch or vLLM: it speaks the ``Engine`` protocol only.
 """
@@ -63,14 +64,7 @@ from suffixmem.conversation.turns import (
 )
 from suffixmem.conversation.validation import check_sampling, check_session_id, check_text
 from suffixmem.engine.async_stream import aiter_events
-from suffixmem.engine.protocol import (
-    Engine,
-    Message,
-    Request,
-    Result,
-    SamplingParams,
-    TokenEvent,
-)
+from suffixmem.engine.protocol import Engine, Message, Request, Result, SamplingParams, TokenEvent
 from suffixmem.errors import InvalidRequestError, UnknownSessionError
 from suffixmem.retention import PinnedLRU, RetentionPolicy
 from suffixmem.tokens import TokenCounter
