@@ -251,10 +251,12 @@ class ConversationManager(TurnPath):
                                                anon_scope=anon_scope, **sampling))
 
     def stream_complete(self, session_id: str | None, messages: Sequence[Message], *,
-                        show_schema: bool = False, anon_scope: str = "", **sampling: Any
+                        show_schema: bool = False, anon_scope: str = "",
+                        continue_single: bool = False, **sampling: Any
                         ) -> Iterator[TokenEvent | TurnResult]:
         """Answer ``messages`` (the whole conversation, as frameworks send it), reconciled with
-        the stored session (see ``reconcile``); ``session_id=None`` is stateless. With
+        the stored session (see ``reconcile``); ``session_id=None`` is stateless, and so is one
+        user message sent alone to a session with history unless ``continue_single``. With
         ``show_schema`` and a ``json_schema``, a system message showing the schema follows the
         conversation (not stored). ``anon_scope`` (stateless calls): who may share the derived
         cache key, e.g. an API key's namespace; the key follows the conversation across the
@@ -273,27 +275,32 @@ class ConversationManager(TurnPath):
             rec, stored = state if state is not None else (None, None)
             r = reconcile(msgs, None if stored is None else [m.to_message() for m in stored],
                           rec.system_prompt if rec is not None else None,
-                          self.config.system_prompt)
+                          self.config.system_prompt, continue_single=continue_single)
+            owner = sid if r.kind != "stateless" else None  # None: the turn stores nothing
+            if owner is None:
+                rec = stored = None
             tail = list(r.tail)
             if show_schema:
                 tail.append(schema_instruction(schema))  # type: ignore[arg-type]
             users = [m.content for m in r.tail if m.role == "user"]
             new = None
-            if rec is None and sid is not None:
+            if rec is None and owner is not None:
                 new = self._new_session(r.system_prompt)
             elif r.replace:
                 new = NewSession(rec.title, rec.model, r.system_prompt)  # type: ignore[union-attr]
             return TurnSpec(
-                key=sid if sid is not None else self._anon.key(msgs, anon_scope), session_id=sid,
-                kind=r.kind if sid is not None else "stateless", system_prompt=r.system_prompt,
+                key=owner if owner is not None else self._anon.key(msgs, anon_scope),
+                session_id=owner, kind=r.kind if owner is not None else "stateless",
+                system_prompt=r.system_prompt,
                 history=list(r.history), tail=tail, context=(), to_store=list(r.to_store),
                 user_text=users[-1] if users else None,
                 session_temperature=rec.temperature if rec is not None
                 else self.temperature.initial(),
                 window_start=rec.window_start if rec is not None and not r.replace else 0,
-                stored_count=len(stored) if stored is not None else 0, version=version,
+                stored_count=len(stored) if stored is not None else 0,
+                version=version if owner is not None else 0,
                 sampling=params, create=new, replace=r.replace, trimmed=r.dropped > 0,
-                fresh_topic=r.replace or sid is None, started=started,
+                fresh_topic=r.replace or owner is None, started=started,
                 temperature_range=session_range(rec),
             )
 

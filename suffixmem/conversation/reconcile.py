@@ -6,12 +6,17 @@ manager keeps one copy (SQL) and decides what the call means:
 - **new**: the session does not exist; it is created, with the sent history, in the same commit
   as the turn.
 - **appended**: the stored history (and system prompt) is a prefix of what was sent; the rest
-  (one user message, or tool results...) is appended with the reply. One user message alone
-  (after no system message, or after the stored system prompt) sent to a session that has
-  history is appended too: an app that names a session and sends only its new message
-  (``chat.invoke("And why?", config={"configurable": {"session_id": ...}})``) means "this
-  conversation", as ``chat`` and ``suffixmem serve`` read it; replacing the history with that
-  one message would delete it. To start over, delete the session or use another id.
+  (one user message, or tool results...) is appended with the reply.
+- **one user message alone** (after no system message, or after the stored system prompt) sent
+  to a session that has history: with ``continue_single`` (``suffixmem serve``'s "only the new
+  message", its web page) it continues the session (**appended**, as ``chat`` reads it);
+  otherwise (the framework adapters) it is answered **stateless**, from what was sent alone,
+  and the session is left as it is. A framework sends exactly that list when it trims a
+  history to its last question, regenerates or edits the first answer, starts over on a
+  thread (LangGraph's ``delete_thread``, ``RemoveMessage``, a replay from the first
+  checkpoint) or makes a helper call under the thread's config (a title, a condensed
+  question); the model must read what was sent, as with any OpenAI-style model, and neither
+  reading the stored history into it nor replacing that history is what the app meant.
 - **rewritten**: anything else (an edited or truncated history, another system prompt); the
   stored history is replaced by what was sent, atomically with the turn. ``dropped`` > 0 says
   the rewrite only dropped the oldest messages (a framework's sliding window, e.g. LangChain's
@@ -111,7 +116,8 @@ def _same_json(a: str, b: str) -> bool:
 
 
 def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
-              stored_system: str | None, default_system: str | None) -> Reconciled:
+              stored_system: str | None, default_system: str | None, *,
+              continue_single: bool = False) -> Reconciled:
     """What ``messages`` means against the stored history (``None``: no such session)."""
     system, before, tail = split(messages)
     if stored is None:
@@ -133,9 +139,11 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
         return Reconciled("appended", sp, merged[:len(before)], tuple(tail), tuple(conv[n:]),
                           False)
     if not before and len(tail) == 1 and tail[0].role == "user" and sp == stored_system:
-        # only the new message, to a session with history: continue it (module docstring);
-        # after the prefix case, so a message a chat store already holds is not stored twice
-        return Reconciled("appended", sp, tuple(stored), tuple(tail), tuple(tail), False)
+        # one message to a session with history (module docstring); after the prefix case, so
+        # a message a chat store already holds is not stored twice
+        if continue_single:
+            return Reconciled("appended", sp, tuple(stored), tuple(tail), tuple(tail), False)
+        return Reconciled("stateless", sp, (), tuple(tail), (), False)
     d = _dropped(conv, stored) if sp == stored_system else 0
     # an edited history, or the same one under another system prompt (a RAG chat engine writes
     # each turn's passages into it): where the sent message still matches at its place, the

@@ -264,9 +264,10 @@ class ChatService:
                                     "response_format")
             msgs = tools.prompt(msgs)  # the reply's shape is the tools' schema, not shown
             sampling["json_schema"] = tools.schema
-        # stateless: the key's namespace scopes the derived cache key (no sharing across keys)
+        # stateless: the key's namespace scopes the derived cache key (no sharing across keys);
+        # "only the new message" continues a session (docs/server.md)
         return self.manager.astream_complete(sid, msgs, show_schema=schema, anon_scope=ns,
-                                             **sampling)
+                                             continue_single=True, **sampling)
 
     def _admit(self) -> None:
         if self.pending >= self.config.max_pending:

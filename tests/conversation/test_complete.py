@@ -99,6 +99,27 @@ def test_a_history_store_and_a_single_message_store_it_once(
         ("user", "What is a croissant?"), ("assistant", turn.text)]
 
 
+def test_one_message_alone_leaves_the_session_as_it_is(
+        manager: ConversationManager, engine: Recorder) -> None:
+    """A framework that sends one message to a session with history (a trim to the last
+    question, a thread started over, a helper call) gets it answered from that message alone:
+    the model reads only it and the session is untouched; ``continue_single`` (the server's
+    "only the new message") continues the session."""
+    sid = "alone"
+    manager.complete(sid, [Message("user", "My secret word is PINEAPPLE.")], max_tokens=4, seed=0)
+    before = manager.history(sid)
+    helper = manager.complete(sid, [Message("user", "Write a title.")], max_tokens=4, seed=0)
+    assert helper.history == "stateless" and helper.session_id != sid
+    assert manager.history(sid) == before
+    read = engine.requests[-1]
+    assert read.session_key != sid and "PINEAPPLE" not in engine.detokenize(
+        engine.prompt_ids(read))
+    more = manager.complete(sid, [Message("user", "And now?")], max_tokens=4, seed=0,
+                            continue_single=True)
+    assert more.history == "appended" and manager.history(sid)[:2] == before
+    assert "PINEAPPLE" in engine.detokenize(engine.prompt_ids(engine.requests[-1]))
+
+
 def test_rewritten_stateless_and_schema(manager: ConversationManager, engine: Recorder) -> None:
     sid = "rw"
     t1 = manager.complete(sid, [Message("user", "Name a fruit.")], max_tokens=6, seed=0)

@@ -27,21 +27,29 @@ def test_appended_keeps_the_stored_ids() -> None:
     assert r.history == tuple(STORED) and r.to_store == (Message("user", "four?"),)
 
 
-def test_only_the_new_message_continues_the_session() -> None:
-    """An app that names the session and sends only its new message continues it (as ``chat``
-    does); the stored history is kept, not replaced by the one message."""
+def test_one_message_alone_is_answered_alone_unless_it_continues() -> None:
+    """One user message sent to a session with history: the adapters' frameworks mean exactly
+    that message (a trim to the last question, a first answer regenerated, a thread started
+    over, a helper call), so it is stateless and the session stays; the server's "only the new
+    message" (``continue_single``) continues the session as ``chat`` does."""
     four = Message("user", "four?")
     for msgs in ([four], sent(four)):  # no system message, or the stored one
         r = reconcile(msgs, STORED, SYSTEM, None)
+        assert r.kind == "stateless" and not r.replace
+        assert r.history == r.to_store == () and r.tail == (four,) and r.system_prompt == SYSTEM
+        r = reconcile(msgs, STORED, SYSTEM, None, continue_single=True)
         assert r.kind == "appended" and not r.replace
         assert r.history == tuple(STORED) and r.tail == r.to_store == (four,)
     # another system prompt, two user messages, or an empty session: not a continuation
-    assert reconcile(sent(four, system="Be loud."), STORED, SYSTEM, None).kind == "rewritten"
-    assert reconcile([Message("user", "x"), four], STORED, SYSTEM, None).kind == "rewritten"
-    assert reconcile([four], [], SYSTEM, None).history == ()
-    # a message the framework's history store already holds is the prefix case: not twice
-    held = reconcile([four], [four], SYSTEM, None)
-    assert held.kind == "appended" and held.history == () and held.to_store == ()
+    for flag in (False, True):
+        assert reconcile(sent(four, system="Be loud."), STORED, SYSTEM, None,
+                         continue_single=flag).kind == "rewritten"
+        assert reconcile([Message("user", "x"), four], STORED, SYSTEM, None,
+                         continue_single=flag).kind == "rewritten"
+        assert reconcile([four], [], SYSTEM, None, continue_single=flag).kind == "appended"
+        # a message the framework's history store already holds is the prefix case: not twice
+        held = reconcile([four], [four], SYSTEM, None, continue_single=flag)
+        assert held.kind == "appended" and held.history == () and held.to_store == ()
 
 
 def test_a_sliding_window_drops_the_oldest_exchanges_and_keeps_the_ids() -> None:

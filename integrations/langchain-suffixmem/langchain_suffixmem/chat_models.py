@@ -43,10 +43,10 @@ from langchain_suffixmem._base import (
     with_deadline,
 )
 from langchain_suffixmem.messages import STORED_KEY, to_suffixmem
-from langchain_suffixmem.stored_turns import STORED_TURNS
 from langchain_suffixmem.tools import openai_tools, reply_chunk, tool_schema, with_tools_prompt
 from suffixmem.conversation.manager import ConversationManager, TurnResult
 from suffixmem.conversation.reconcile import readable
+from suffixmem.conversation.stored_turns import STORED_TURNS
 from suffixmem.engine.protocol import TokenEvent
 
 StructuredMethod = Literal["json_schema", "json_mode", "function_calling"]
@@ -132,6 +132,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     def _final_chunk(turn: TurnResult, session_id: str | None, manager: ConversationManager,
                      model: str) -> ChatGenerationChunk:
         index = None
+        if turn.history == "stateless":  # one message sent alone to a session stores nothing
+            session_id = None
         if session_id is not None:
             # the reply is the session's last message now (the session lock is released, but
             # a framework drives one session from one place at a time)

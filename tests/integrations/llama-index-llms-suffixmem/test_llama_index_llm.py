@@ -71,8 +71,14 @@ def test_a_call_with_session_id_none_leaves_the_session_alone(llm: SuffixMemLLM)
     assert side.raw["usage"]["history"] == "stateless"
     bob.complete("Say hello", session_id=None)
     assert bob.get_manager().history("bob") == before and len(before) == 2
-    # without it, one new message continues the session rather than replacing it
-    more = bob.chat([ChatMessage(role=MessageRole.USER, content="And of Italy?")])
+    # one message sent alone is read as sent, as the OpenAI LLM reads it (a condense step, a
+    # title prompt): stateless, the chat untouched; the conversation resent continues it
+    alone = bob.chat([ChatMessage(role=MessageRole.USER, content="And of Italy?")])
+    assert alone.raw["usage"]["history"] == "stateless"
+    assert "suffixmem_stored" not in alone.message.additional_kwargs
+    assert bob.get_manager().history("bob") == before
+    more = bob.chat([*(ChatMessage(role=m.role, content=m.content) for m in before),
+                     ChatMessage(role=MessageRole.USER, content="And of Italy?")])
     assert more.raw["usage"]["history"] == "appended"
     assert bob.get_manager().history("bob")[:2] == before
 
