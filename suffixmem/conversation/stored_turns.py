@@ -1,11 +1,14 @@
-"""Replies the chat model just stored, for the history that LangChain writes next.
+"""Replies an adapter's model just stored, for the history the framework writes next.
 
-``RunnableWithMessageHistory`` calls the model (the manager stores the turn), then the
-history's ``add_messages([question, reply])``. The reply normally carries where it was stored
-(``response_metadata["suffixmem_stored"]``), but a chain that ends in a parser
-(``| StrOutputParser()``) hands the history a fresh ``AIMessage`` with the text only. So the
-model also notes here, per manager and session, the last reply it stored and not yet seen by a
-history; the history takes the note (once) when the reply it is given is that text.
+A framework calls the model (the manager stores the turn), then writes the turn into its own
+history, which is the same session: LangChain's ``RunnableWithMessageHistory`` calls
+``add_messages([question, reply])``, LlamaIndex's chat engines ``put`` the question and the
+reply into their memory. The reply normally carries where it was stored (the adapters'
+``suffixmem_stored`` marker), but a chain that ends in a parser (``| StrOutputParser()``) and
+LlamaIndex's ``ContextChatEngine`` / ``CondensePlusContextChatEngine`` hand the history a fresh
+message with the text only. So the adapter also notes here, per manager and session, the last
+reply it stored and not yet seen by a history; the history takes the note (once) when the
+reply it is given is that text, and leaves the question before it out too.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ class StoredTurns:
     def take(self, manager: object, session_id: str) -> tuple[int, str] | None:
         with self._lock:
             return self._notes.pop((id(manager), session_id), None)
+
+    def peek(self, manager: object, session_id: str) -> tuple[int, str] | None:
+        with self._lock:
+            return self._notes.get((id(manager), session_id))
 
 
 STORED_TURNS = StoredTurns()

@@ -9,9 +9,9 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage
 
 from langchain_suffixmem.messages import STORED_KEY, to_langchain, to_suffixmem
-from langchain_suffixmem.stored_turns import STORED_TURNS
 from suffixmem import runtime
 from suffixmem.conversation.manager import ConversationManager
+from suffixmem.conversation.stored_turns import STORED_TURNS
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError, UnknownSessionError
 
@@ -31,9 +31,9 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
     generates (through the manager), and ``RunnableWithMessageHistory`` then calls
     ``add_messages([question, reply])``. The reply carries where it was stored
     (``response_metadata["suffixmem_stored"]``), or, when a parser turned it into text, the
-    model left a note of it (``stored_turns``); if the session still holds it there,
-    ``add_messages`` skips it and the messages just before it that the same turn stored.
-    Everything else is appended, a legitimately repeated message included.
+    model left a note of it (``suffixmem.conversation.stored_turns``); if the session still
+    holds it there, ``add_messages`` skips it and the messages just before it that the same
+    turn stored. Everything else is appended, a legitimately repeated message included.
 
     An empty (or whitespace-only) message raises ``InvalidRequestError``: it would give the
     model nothing to read and every later turn would have to carry it.

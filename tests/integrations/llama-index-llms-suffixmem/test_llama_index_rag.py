@@ -75,3 +75,28 @@ def test_condense_plus_context_reuses_moved_passages_with_rag_reuse(
     assert reused[1]["cached_tokens"] >= exact[1]["cached_tokens"] + 64, (exact, reused)
     # turn 3: the same passages again: a plain prefix hit for both
     assert exact[2]["cached_tokens"] >= exact[1]["prompt_tokens"] - 32, exact
+
+
+@pytest.mark.parametrize("kind", ["context", "condense_plus_context"])
+def test_rag_chat_engines_over_our_chat_store_store_each_turn_once(
+        torch_engine: Any, database_url: str, kind: str) -> None:
+    """``ContextChatEngine`` and ``CondensePlusContextChatEngine`` (condensing on, its
+    default) put a fresh copy of the question and the reply into memory after the LLM stored
+    the turn: each exchange is stored once, and the model reads the history once."""
+    from llama_index.core.chat_engine import ContextChatEngine
+    from llama_index.storage.chat_store.suffixmem import SuffixMemChatStore
+
+    session = f"rag-store-{kind}"
+    llm = SuffixMemLLM(**TORCH_PARAMS, session_id=session, database_url=database_url,
+                       max_tokens=8, temperature=0.0)
+    memory = ChatMemoryBuffer.from_defaults(
+        token_limit=1500, chat_store_key=session,
+        chat_store=SuffixMemChatStore(database_url, manager=llm.get_manager()))
+    engine_class = ContextChatEngine if kind == "context" else CondensePlusContextChatEngine
+    chat = engine_class.from_defaults(retriever=Scripted(), llm=llm, memory=memory)
+    for question in QUESTIONS:
+        assert str(chat.chat(question)).strip()
+    stored = llm.get_manager().history(session)
+    assert [m.role for m in stored] == ["user", "assistant"] * len(QUESTIONS), stored
+    assert [m.content for m in stored if m.role == "user"] == list(QUESTIONS)
+    assert len(memory.get_all()) == 2 * len(QUESTIONS)

@@ -45,6 +45,7 @@ from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
 from suffixmem.conversation.reconcile import readable
+from suffixmem.conversation.stored_turns import STORED_TURNS
 from suffixmem.engine import check_engine
 from suffixmem.engine.async_stream import aiter_events
 from suffixmem.engine.protocol import Message, Result, SamplingParams
@@ -222,10 +223,14 @@ class SuffixMemLLM(FunctionCallingLLM):
 
     def _final(self, event: Result | TurnResult, session_id: str | None) -> dict[str, Any]:
         u = usage(event, self.model)
-        if isinstance(event, TurnResult) and session_id is not None:
+        if isinstance(event, TurnResult) and session_id is not None and (
+                event.history != "stateless"):  # one message sent alone stores nothing
             # where the reply now sits in the session, so our chat store does not store it twice
-            count = self.get_manager().get_session(session_id).message_count
+            manager = self.get_manager()
+            count = manager.get_session(session_id).message_count
             u[STORED_KEY] = {"session_id": session_id, "index": count - 1}
+            # for chat engines that put a fresh copy of the reply, without the marker
+            STORED_TURNS.note(manager, session_id, count - 1, event.text)
         return u
 
     # -- streams (undecorated, so a call emits one LlamaIndex event, not two) ------------------

@@ -17,6 +17,7 @@ from llama_index.storage.chat_store.suffixmem.messages import (
 
 from suffixmem import runtime
 from suffixmem.conversation.manager import ConversationManager
+from suffixmem.conversation.stored_turns import STORED_TURNS
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import UnknownSessionError
 
@@ -33,11 +34,14 @@ class SuffixMemChatStore(BaseChatStore):
     ``delete_message``) replace the history in one transaction, once every message passed
     its checks.
 
-    **Replies the LLM already stored.** ``SuffixMemLLM`` (with ``session_id`` = the chat store
+    **Turns the LLM already stored.** ``SuffixMemLLM`` (with ``session_id`` = the chat store
     key) stores each turn it generates through the manager; a chat engine then ``put``s the
-    reply into its memory, i.e. ``add_message`` here. The reply carries where it was stored
-    (``additional_kwargs["suffixmem_stored"]``); if the session holds it there, it is not
-    stored twice. Any other message is appended, a legitimately repeated one included.
+    reply, and some (``ContextChatEngine``, ``CondensePlusContextChatEngine``) the question
+    first, into its memory, i.e. ``add_message`` here. The reply carries where it was stored
+    (``additional_kwargs["suffixmem_stored"]``), or, when the engine puts a fresh copy, the
+    LLM left a note of it (``suffixmem.conversation.stored_turns``); while the session holds
+    it there, that reply and the question stored just before it are not stored twice. Any
+    other message is appended, a legitimately repeated one included.
 
     ```python
     from llama_index.core.memory import ChatMemoryBuffer
@@ -104,13 +108,23 @@ class SuffixMemChatStore(BaseChatStore):
 
     def _already_stored(self, key: str, message: ChatMessage, new: Message) -> bool:
         mark = message.additional_kwargs.get(STORED_KEY)
-        if not isinstance(mark, dict) or mark.get("session_id") != key:
+        note = STORED_TURNS.peek(self._manager, key)
+        if isinstance(mark, dict) and mark.get("session_id") == key:
+            at = mark.get("index")
+        elif note is not None and new.role in ("user", "assistant"):
+            at = note[0] - (new.role == "user")  # the question just before the noted reply
+        else:
             return False
-        at = mark.get("index")
         stored = self._read(key) or []
         # stripped: a streaming chat engine puts the reply back with its text stripped
-        return (isinstance(at, int) and 0 <= at < len(stored) and stored[at].role == new.role
+        held = (isinstance(at, int) and 0 <= at < len(stored) and stored[at].role == new.role
                 and stored[at].content.strip() == new.content.strip())
+        if note is not None and (new.role == "assistant" or not held):
+            STORED_TURNS.take(self._manager, key)  # seen, or the history moved on
+        if held and note is not None and mark is None:
+            # a fresh copy: only the reply just noted (still the last stored message)
+            held = note[0] == len(stored) - 1 and stored[note[0]].content.strip() == note[1].strip()
+        return held
 
     def delete_messages(self, key: str) -> list[ChatMessage] | None:
         messages = self._read(key)
