@@ -82,7 +82,9 @@ def _make_manager(engine_name: str, model: str, database: str, max_model_len: in
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
 
-    config = _manager_config(model, topic_signal)  # before the engine: its errors are cheap
+    # before the engine: its errors are cheap; "sync": a turn whose commit fails (a full disk)
+    # is an error line, not an answer printed as stored
+    config = _manager_config(model, topic_signal, durability="sync")
 
     _check_engine_options(engine_name, upstream, kv_tier)
     if engine_name == "remote":
@@ -136,7 +138,7 @@ def chat(
 ) -> None:
     """Interactive, streaming chat. Commands: /new, /sessions, /stats, /help, /quit."""
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
-                               system=system)
+                               system=system, max_model_len=max_model_len, model=model)
     if isinstance(sys.stdin, io.TextIOWrapper):
         # undecodable bytes become lone surrogates, which check_text rejects line by line,
         # instead of a UnicodeDecodeError that would end the REPL
@@ -180,7 +182,7 @@ def ask(
     later ask --session continues it from SQL in a new process, which computes the history
     again. A failed turn stores nothing, not even an empty session."""
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
-                               message=text)
+                               message=text, max_model_len=max_model_len, model=model)
     with quiet_start():
         mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal, kv_tier)
     try:
@@ -249,7 +251,7 @@ def serve(
 
     _check_engine(engine)
     _check_engine_options(engine, upstream, kv_tier)
-    url = _check_database(database)
+    url = _check_database(database, writable=True)
     keys = tuple(api_key or [k.strip() for k in os.environ.get("SUFFIXMEM_API_KEY", "").split(",")
                              if k.strip()])
     config = ServerConfig(api_keys=keys, max_body_bytes=max_body_bytes, max_pending=max_pending,
@@ -286,11 +288,11 @@ def model(
         info["description"] = MODELS[name].description
     if as_json:
         print(json.dumps(info))
-        return
-    for key, value in info.items():
-        console.print(f"[bold]{key}[/]: {value}")
+    else:
+        for key, value in info.items():
+            console.print(f"[bold]{key}[/]: {value}")
     if info["problems"]:
-        raise typer.Exit(1)
+        raise typer.Exit(1)  # with --json too: scripts check the status
 
 
 def register_benches(bench: typer.Typer = bench_app) -> list[str]:
@@ -312,7 +314,9 @@ def register_benches(bench: typer.Typer = bench_app) -> list[str]:
 
 
 def _one_line(message: str) -> None:
-    err_console.print(f"[red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True)
+    # line breaks only: spaces inside a quoted value are the value's (a session 'a  b')
+    line = " ".join(part.strip() for part in message.strip().splitlines() if part.strip())
+    err_console.print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

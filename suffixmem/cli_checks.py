@@ -1,9 +1,9 @@
 """What the command line checks before it starts an engine: every bad input costs a second,
 not an engine start-up, and fails with one line (``suffixmem.cli`` prints it and exits 2).
-Order: engine name, sampling values, session id text, SUFFIXMEM_HOME, database URL (parsed and
-opened), then whether ``--session`` names a session there (``--new``: one not there yet);
-``_manager_config`` builds the manager's settings (and an opt-in topic signal's model) before
-the engine too."""
+Order: engine name, sampling values, texts, SUFFIXMEM_HOME, database URL (parsed, opened
+and, for the commands that write, written to), whether ``--session`` names a session there
+(``--new``: one not there yet), then the model (resolved, its context); ``_manager_config``
+builds the manager's settings (and an opt-in topic signal's model) before the engine too."""
 
 from __future__ import annotations
 
@@ -33,10 +33,13 @@ def check_text(text: str, field: str) -> str:
     return text
 
 
-def _check_database(url: str | None) -> str:
+def _check_database(url: str | None, *, writable: bool = False) -> str:
     """The database URL, parsed, opened and upgraded to the newest schema once, before any
-    engine starts: a typo costs a second, not an engine start-up. Messages show the URL with
-    its password masked."""
+    engine starts: a typo costs a second, not an engine start-up; ``writable``: a write is
+    tried and rolled back (a read-only file or role otherwise answered every turn and stored
+    none). Messages show the URL with its password masked."""
+    from sqlalchemy import text
+
     from suffixmem.conversation.database import make_engine, upgrade
 
     url = database_url(url)
@@ -48,6 +51,10 @@ def _check_database(url: str | None) -> str:
             # the schema too, which the manager would upgrade once the engine had started: a
             # database of a newer suffixmem or of another application fails here (StoreError)
             upgrade(eng)
+            if writable:
+                with eng.connect() as conn:
+                    conn.execute(text("UPDATE alembic_version SET version_num = version_num"))
+                    conn.rollback()
         finally:
             eng.dispose()
     except StoreError:
@@ -73,6 +80,13 @@ def _check_engine_options(engine: str, upstream: list[str] | None, kv_tier: bool
                               "their own caches)")
         if not upstream:
             raise ConfigError("--engine remote needs --upstream URL (one per vLLM server)")
+        from urllib.parse import urlsplit
+
+        for url in upstream:
+            parts = urlsplit(url.strip())
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(f"--upstream {url!r} is not an http(s) URL "
+                                  "(e.g. http://127.0.0.1:8001)")
     elif upstream:
         raise ConfigError("--upstream is only used with --engine remote")
 
@@ -137,25 +151,39 @@ def _check_session(url: str, session: str, new: bool) -> None:
 def _preflight(engine: str, max_tokens: int, temperature: float | None,
                database: str | None, session: str | None, new: bool = False, *,
                message: str | None = None, system: str | None = None,
+               max_model_len: int | None = None, model: str | None = None,
                ) -> tuple[dict[str, Any], str]:
-    """Every check that needs no engine, in order: engine name, sampling values, the texts
+    """Every check that needs no engine, in order: engine name, sampling values (and
+    ``max_tokens`` below ``max_model_len``), the texts
     (``ask``'s message, which must not be blank, ``--system``, the session id),
-    SUFFIXMEM_HOME, database URL (parsed and opened), the session (``_check_session``).
+    SUFFIXMEM_HOME, database URL (parsed, opened, written to and rolled back), the session
+    (``_check_session``), the model (resolved, its context against ``max_model_len``).
     Returns (sampling, database URL)."""
     _check_engine(engine)
     sampling = _sampling(max_tokens, temperature)
+    if max_model_len is not None and max_tokens >= max_model_len:  # every turn would fail
+        raise InvalidRequestError(f"max_tokens={max_tokens} alone fills the context window of "
+                                  f"{max_model_len} tokens; lower --max-tokens")
     if message is not None:
         check_text(message, "the message")
         if not message.strip():
             raise InvalidRequestError("the message is empty")
     if system is not None:
         check_text(system, "--system")
+        if not system.strip():
+            raise InvalidRequestError("--system is empty")
     if session is not None:
         check_text(session, "--session")
     suffixmem_home()
-    url = _check_database(database)
+    url = _check_database(database, writable=True)
     if session is not None:
         _check_session(url, session, new)
+    if model is not None and engine != "remote":  # a remote engine's window is its servers'
+        from suffixmem.models import check_context, resolve_model
+
+        folder = resolve_model(model)  # converts a GGUF once, as the engine would
+        if max_model_len is not None:
+            check_context(folder, max_model_len)
     return sampling, url
 
 

@@ -112,7 +112,9 @@ def _delete_tier_files(session_id: str, configured: str | None) -> int:
 def vacuum(database: str | None = DATABASE) -> None:
     """Give the space of deleted sessions back to the file system (SQLite's and PostgreSQL's
     VACUUM; SQLite keeps freed pages in the file until then)."""
+    from suffixmem.config import mask_url
     from suffixmem.conversation.database import make_engine
+    from suffixmem.errors import StoreError
 
     url = _check_database(database)
     engine = make_engine(url)
@@ -126,6 +128,8 @@ def vacuum(database: str | None = DATABASE) -> None:
         else:
             driver.autocommit = True  # type: ignore[union-attr]
         driver.execute("VACUUM")  # type: ignore[union-attr]
+    except Exception as e:  # the driver's own error (a read-only file): one line
+        raise StoreError(f"vacuum of {mask_url(url)} failed: {e}") from None
     finally:
         raw.close()
         engine.dispose()

@@ -209,6 +209,9 @@ def resolve_model(name_or_path: str = DEFAULT_MODEL, progress: bool = True) -> P
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelError(f"GGUF file {path} does not exist")
+        with path.open("rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
         dest = _gguf_dest(path)
         if dest.exists() and not verify(dest):
             return dest
@@ -216,11 +219,42 @@ def resolve_model(name_or_path: str = DEFAULT_MODEL, progress: bool = True) -> P
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is not a transformers model folder (no config.json)")
+        _check_folder(path)
         return path
     raise ModelError(
         f"unknown model {name_or_path!r}: give one of {sorted(MODELS)}, a .gguf file or a "
         "transformers model folder"
     )
+
+
+# what every engine reads from a causal LM's config.json before it loads the weights
+_CONFIG_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
+def _check_folder(path: Path) -> None:
+    """A transformers folder's config.json readable with the keys the engines need, and a
+    tokenizer beside it: anything else failed deep inside an engine, with a traceback."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}/config.json cannot be read: {e}") from None
+    missing = [k for k in _CONFIG_KEYS if not isinstance(config, dict) or k not in config]
+    if missing:
+        raise ModelError(f"{path} is not a causal LM folder: its config.json lacks "
+                         f"{', '.join(missing)}")
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        raise ModelError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model)")
+
+
+def check_context(folder: Path, max_model_len: int) -> None:
+    """``max_model_len`` within the model's own context (``max_position_embeddings``), as a
+    one-line ``ConfigError`` before an engine builds anything."""
+    from suffixmem.errors import ConfigError
+
+    limit = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    if isinstance(limit, int) and max_model_len > limit:
+        raise ConfigError(f"max_model_len {max_model_len} exceeds the model's context of "
+                          f"{limit} tokens")
 
 
 def model_info(folder: Path) -> dict[str, object]:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # the manager loads lazily: --help and bad options stay fast
 console = Console()
 err_console = Console(stderr=True)
 
-HELP = "/new \\[system prompt] · /sessions · /stats · /quit"  # \[: Rich markup, not a tag
+# \[: Rich markup, not a tag
+HELP = "/new \\[system prompt] · /sessions · /stats · /help · /quit (or /exit)"
 
 
 def run(mgr: ConversationManager, info: SessionInfo, sampling: dict[str, Any],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -328,3 +329,55 @@ def test_chat_repl_commands_survive_a_session_deleted_elsewhere(tmp_path: Path) 
         "error: unknown session 'gone'", "error: unknown command /frobnicate; /help lists them"]
     assert "/new [system prompt] · /sessions" in out
     assert err.count("\n") == 2 and "error" not in out  # no start-up log, no stray lines
+
+
+def _without_root_override() -> list[str]:
+    """A command prefix that drops root's override of file modes (CI runs as root)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): file modes do not apply")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+
+
+def test_a_read_only_database_is_refused_before_the_engine_starts(tmp_path: Path) -> None:
+    """``ask`` answered, printed a session id and exited 0 while every commit failed behind it
+    (``chat`` likewise, turn after turn); now a database it cannot write is one line, before
+    the engine starts, and ``sessions vacuum`` on it too (it was a traceback)."""
+    db = tmp_path / "ro.db"
+    from suffixmem.conversation.store import Store
+
+    Store(f"sqlite:///{db}").close()
+    db.chmod(0o444)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "SUFFIXMEM_HOME": str(home), "SUFFIXMEM_DATABASE_URL": f"sqlite:///{db}"}
+    for args in (["ask", "--engine", "torch", "hi"], ["sessions", "vacuum"]):
+        r = subprocess.run([*_without_root_override(), *EXE, *args], capture_output=True,
+                           text=True, env=env, timeout=120)
+        _one_line_error(r, "readonly database")
+
+
+def test_bad_model_window_and_options_are_one_line_errors(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("junk")
+    _one_line_error(_run(["ask", "--model", str(fake), "hi"], db), "is not a GGUF file")
+    folder = tmp_path / "notamodel"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    _one_line_error(_run(["ask", "--engine", "torch", "--model", str(folder), "hi"], db),
+                    "is not a causal LM folder", "num_attention_heads")
+    _one_line_error(_run(["model", str(fake)], db), "is not a GGUF file")
+    # vLLM's own check was a 159-line pydantic traceback
+    _one_line_error(_run(["ask", "--max-model-len", "100000", "hi"], db),
+                    "max_model_len 100000 exceeds the model's context of 8192 tokens")
+    # checked before the engine starts (they were checked after it, or on every turn)
+    _one_line_error(_run(["ask", "--max-tokens", "8192", "hi"], db),
+                    "max_tokens=8192 alone fills the context window of 8192 tokens")
+    _one_line_error(_run(["chat", "--system", "  "], db), "--system is empty")
+    _one_line_error(_run(["ask", "--engine", "remote", "--upstream", "notaurl", "hi"], db),
+                    "--upstream 'notaurl' is not an http(s) URL")
+    # a quoted value keeps its spaces (they were collapsed: 'a b' named another session)
+    _one_line_error(_run(["ask", "--session", "a  b", "hi"], db), "unknown session 'a  b'")

@@ -26,7 +26,7 @@ from suffixmem.engine.base import BaseEngine
 from suffixmem.engine.isolation import IsolationPolicy
 from suffixmem.engine.protocol import Request, Result, TokenEvent
 from suffixmem.errors import ConfigError
-from suffixmem.models import resolve_model
+from suffixmem.models import check_context, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,8 @@ class VLLMEngine(BaseEngine):
         if config.dtype == "float16" and not on_cuda:
             raise ConfigError("dtype float16 is not supported on CPU; use bfloat16 or float32")
         self.model_path: Path = resolve_model(config.model)
+        if not os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):  # vLLM's own opt-out
+            check_context(self.model_path, config.max_model_len)  # vLLM's: a long traceback
         self.model_name = config.model
         self.max_model_len = config.max_model_len
         # vLLM's salt covers the whole block chain: no public prefix under private blocks
