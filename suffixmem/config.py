@@ -39,6 +39,37 @@ def suffixmem_home() -> Path:
         raise ConfigError(f"{name} is not writable; set SUFFIXMEM_HOME to a writable folder")
     return home
 
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def check_field_types(config: Any) -> None:
+    """Each scalar field of the dataclass ``config`` (``int``, ``float``, ``bool``, ``str``,
+    each optionally ``| None``) holds its type, else a one-line ``ConfigError`` naming it: a
+    string or a float where an integer belongs reached torch or vLLM and failed there, as a
+    ``TypeError`` naming no field or a pydantic error of several lines. A bool is no number;
+    a float must be finite."""
+    import math
+    from dataclasses import fields
+
+    for f in fields(config):
+        kinds = [k.strip() for k in str(f.type).split("|")]
+        optional = "None" in kinds
+        kinds = [k for k in kinds if k != "None"]
+        if len(kinds) != 1 or kinds[0] not in _SCALARS:
+            continue
+        value = getattr(config, f.name)
+        if value is None and optional:
+            continue
+        want = _SCALARS[kinds[0]]
+        if (not isinstance(value, want) or (isinstance(value, bool) and bool not in want)
+                or (isinstance(value, float) and not math.isfinite(value))):
+            kind = {"int": "an integer", "float": "a finite number", "bool": "True or False",
+                    "str": "a string"}[kinds[0]]
+            raise ConfigError(f"{f.name} must be {kind}{' or None' if optional else ''}, "
+                              f"got {value!r}")
+
+
 def kv_tier_dir(configured: str | None = None) -> Path:
     """Where the KV tier keeps its files: ``configured``, else ``$SUFFIXMEM_HOME/kv``."""
     return Path(configured).expanduser() if configured else suffixmem_home() / "kv"
@@ -156,6 +187,7 @@ class EngineConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.max_model_len < 32:
             raise ConfigError(f"max_model_len must be >= 32, got {self.max_model_len}")
         if self.max_num_seqs < 1:
@@ -166,6 +198,16 @@ class EngineConfig:
             raise ConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
         if self.kv_cache_gib <= 0:
             raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ConfigError("max_num_batched_tokens must be >= 1, got "
+                              f"{self.max_num_batched_tokens}")
+        if self.kv_tier:
+            folder = kv_tier_dir(self.kv_tier_dir)
+            try:  # before a model loads: the tier made its folders only after
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"kv_tier_dir {str(folder)!r} cannot be used: "
+                                  f"{e.strerror or e}") from None
         if isinstance(self.kv_tier_gib, bool) or not self.kv_tier_gib > 0:
             raise ConfigError(f"kv_tier_gib must be > 0, got {self.kv_tier_gib!r}")
         if self.dtype not in ("auto", "bfloat16", "float32", "float16"):

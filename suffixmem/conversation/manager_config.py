@@ -91,6 +91,9 @@ class ManagerConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from suffixmem.config import check_field_types
+
+        check_field_types(self)
         if self.layout not in LAYOUTS:
             raise ConfigError(f"unknown layout {self.layout!r}; expected one of {list(LAYOUTS)}")
         if not 0.0 < self.evict_fraction < 1.0:
