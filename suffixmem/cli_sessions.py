@@ -10,6 +10,7 @@ misses.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -27,9 +28,24 @@ AS_JSON = typer.Option(False, "--json", help="Print JSON.")
 
 
 def _store(database: str | None) -> Any:
-    from suffixmem.conversation.store import Store
+    """The store of the database: these commands manage sessions that exist, so a SQLite
+    path given that names no file (a typo) is an error, not a new empty database."""
+    from sqlalchemy.engine import make_url
 
-    return Store(_check_database(database))
+    from suffixmem.config import database_url, mask_url
+    from suffixmem.conversation.store import Store
+    from suffixmem.errors import StoreError
+
+    url = database_url(database)
+    try:
+        parsed = make_url(url)
+    except Exception:  # _check_database names the bad URL
+        parsed = None
+    if (database is not None and parsed is not None and parsed.get_backend_name() == "sqlite"
+            and parsed.database
+            and parsed.database != ":memory:" and not Path(parsed.database).exists()):
+        raise StoreError(f"no database at {mask_url(url)} (no such file)")
+    return Store(_check_database(url))
 
 
 @sessions_app.command("list")
@@ -46,6 +62,8 @@ def list_sessions(database: str | None = DATABASE, as_json: bool = AS_JSON) -> N
                            "created_at": r.created_at.isoformat(),
                            "updated_at": r.updated_at.isoformat()} for r in rows]))
         return
+    if not rows:
+        console.print("no sessions", style="dim")
     for r in rows:
         console.print(f"[cyan]{escape(r.id)}[/] {r.message_count} messages · "
                       f"{r.updated_at:%Y-%m-%d %H:%M} · {escape(r.title or '')}", soft_wrap=True)

@@ -98,3 +98,16 @@ def test_delete_finds_tier_files_in_a_configured_folder(tmp_path: Path) -> None:
              SUFFIXMEM_HOME=str(tmp_path / "home"))
     assert r.returncode == 0, r.stderr
     assert "1 KV-tier file\n" in r.stdout and not folder.exists()
+
+
+def test_a_database_path_that_names_no_file_is_an_error_not_a_new_database(
+        tmp_path: Path) -> None:
+    typo = tmp_path / "typo.db"
+    for args in (["list"], ["show", "x"], ["delete", "x"]):
+        r = _run(*args, "--database", f"sqlite:///{typo}")
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            f"error: no database at sqlite:///{typo} (no such file)"], r.stderr
+    assert not typo.exists()
+    Store(f"sqlite:///{typo}").close()
+    r = _run("list", "--database", f"sqlite:///{typo}")
+    assert r.returncode == 0 and r.stdout.strip() == "no sessions"  # it printed nothing
