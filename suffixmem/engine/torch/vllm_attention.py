@@ -65,7 +65,10 @@ def _isa(head_dim: int) -> str:
     """vLLM's ISA choice for bf16 with 32-token blocks (``cpu_attn._get_attn_isa``)."""
     if head_dim % 32 and head_dim % 16 == 0:
         return "vec16"
-    return "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+    # Linux lets a process use AMX tiles only after it asked (arch_prctl XTILEDATA, which
+    # torch's _init_amx does, as vLLM's CPU worker does at start): without it the kernel died
+    # of SIGILL in a process where no oneDNN matmul had asked yet (an Intel host with AMX)
+    return "amx" if torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx() else "vec"
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
