@@ -32,7 +32,6 @@ The manager never imports torch or vLLM: it speaks the ``Engine`` protocol only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -59,6 +58,7 @@ from suffixmem.conversation.turns import (
     TurnSpec,
     alast_event,
     build_prompt,
+    check_system_fits,
     last_event,
     schema_instruction,
 )
@@ -121,15 +121,12 @@ class ConversationManager(TurnPath):
         sp = system_prompt if system_prompt is not None else self.config.system_prompt
         if sp is not None:
             check_text("system_prompt", sp, max_chars=self.config.max_message_chars)
+            # tokenized now rather than inside the first turn (the template keeps the ids)
+            check_system_fits(self.engine, sp, self.config.context_window)
         rec, _ = self.store.open_session(
             session_id, title=title, model=self.engine.model_name, system_prompt=sp,
             temperature=self.temperature.initial(),
         )
-        if rec.system_prompt:
-            # tokenized now rather than inside the session's first turn (the template keeps
-            # the ids); a template that refuses it fails that turn with its own message
-            with contextlib.suppress(Exception):
-                self.engine.render([Message("system", rec.system_prompt)], False)
         return SessionInfo.from_record(rec)
 
     def get_session(self, session_id: str) -> SessionInfo:

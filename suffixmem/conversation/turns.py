@@ -41,7 +41,14 @@ from suffixmem.conversation.layout import Layout, Prompt, passage_segments
 from suffixmem.conversation.records import NewMessage, NewSession, TurnEvent
 from suffixmem.conversation.topic import TopicVerdict
 from suffixmem.engine.isolation import public_head
-from suffixmem.engine.protocol import Message, Request, Result, SamplingParams, TokenEvent
+from suffixmem.engine.protocol import (
+    Engine,
+    Message,
+    Request,
+    Result,
+    SamplingParams,
+    TokenEvent,
+)
 from suffixmem.errors import ContextWindowError, EngineClosedError, InvalidRequestError
 
 HistoryKind = Literal["new", "appended", "rewritten", "stateless"]
@@ -309,3 +316,16 @@ async def alast_event(events: AsyncIterator[Any]) -> Any:
 
 def no_lock() -> _NoLock:
     return _NoLock()
+
+
+def check_system_fits(engine: Engine, system_prompt: str, context_window: int | None) -> None:
+    """A session's system prompt leaves room in the window (else every turn of the session
+    would fail, each naming the turn); tokenized here, so the template keeps the ids for the
+    first turn. A template that refuses a system message fails that turn with its own error."""
+    window = min(int(engine.max_model_len), context_window or 1 << 30)
+    try:
+        n = len(engine.render([Message("system", system_prompt)], False))
+    except Exception:
+        return
+    if n >= window:
+        raise InvalidRequestError(f"system_prompt is {n} tokens; the context window is {window}")

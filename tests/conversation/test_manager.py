@@ -384,3 +384,15 @@ def test_a_whitespace_stop_sequence_is_a_stop_sequence(manager: ConversationMana
         manager.chat("stops", "hi", stop=[""])
     with pytest.raises(InvalidRequestError, match="NUL"):
         manager.chat("stops", "hi", stop=["\x00"])
+
+
+def test_a_system_prompt_that_fills_the_window_is_refused_at_open(
+        manager: ConversationManager) -> None:
+    """Every turn of such a session failed, each naming the turn; now ``open_session`` says so
+    and creates nothing."""
+    window = manager.engine.max_model_len
+    with pytest.raises(InvalidRequestError, match=rf"system_prompt is \d+ tokens; the context "
+                                                  rf"window is {window}"):
+        manager.open_session("too-long", system_prompt="rule " * window)
+    with pytest.raises(UnknownSessionError):
+        manager.get_session("too-long")
