@@ -200,11 +200,11 @@ def test_serve_rag_reuse_option_reaches_the_manager_config(
 def test_ask_json_then_continue_the_session(tmp_path: Path) -> None:
     db = tmp_path / "db.sqlite"
     greedy = ["--temperature", "0"]  # sessions otherwise sample at their semantic temperature
-    r = _run(["ask", "--json", "--max-tokens", "16", *greedy, "What is the capital of France?"],
+    r = _run(["ask", "--json", "--max-tokens", "16", *greedy, "What is the capital of Japan?"],
              db)
     assert r.returncode == 0, r.stderr[-2000:]
     first = json.loads(r.stdout)  # stdout holds only the JSON object
-    assert "Paris" in first["text"]
+    assert "Tokyo" in first["text"]
     assert r.stderr == ""  # vLLM's start-up warnings went to the start-up log
     for key in ("session_id", "prompt_tokens", "cached_tokens", "ttft_s", "latency_s"):
         assert key in first
@@ -229,7 +229,7 @@ def test_ask_kv_tier_serves_a_later_process_from_disk(tmp_path: Path) -> None:
     (home / "models").symlink_to(suffixmem_home() / "models")
     db, env = tmp_path / "db.sqlite", {"SUFFIXMEM_HOME": str(home)}
     greedy = ["--json", "--engine", "torch", "--temperature", "0", "--max-tokens", "8"]
-    turns = [(["--kv-tier", "--new"], "What is the capital of France? Answer in one sentence."),
+    turns = [(["--kv-tier", "--new"], "What is the capital of Japan? Answer in one sentence."),
              (["--kv-tier"], "And of Italy?"), ([], "And of Spain?")]
     cached = []
     for flags, text in turns:
@@ -244,12 +244,12 @@ def test_ask_kv_tier_serves_a_later_process_from_disk(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_interactive_chat_commands(tmp_path: Path) -> None:
-    script = "What is the capital of France?\n/stats\n/sessions\n/new\n/sessions\n/quit\n"
+    script = "What is the capital of Japan?\n/stats\n/sessions\n/new\n/sessions\n/quit\n"
     r = _run(["chat", "--max-tokens", "16", "--temperature", "0"], tmp_path / "db.sqlite",
              stdin=script)
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
-    assert "Paris" in out
+    assert "Tokyo" in out
     assert "cached" in out and "ttft" in out and "tok/s" in out
     assert "new session" in out
     assert out.count("messages ·") >= 3  # /sessions listed 1, then 2 sessions
@@ -258,14 +258,14 @@ def test_interactive_chat_commands(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_chat_repl_reports_undecodable_input_and_goes_on(tmp_path: Path) -> None:
-    script = b"caf\xe9 \xff\nWhat is the capital of France?\n/quit\n"
+    script = b"caf\xe9 \xff\nWhat is the capital of Japan?\n/quit\n"
     r = _run(["chat", "--engine", "torch", "--max-tokens", "16", "--temperature", "0"],
              tmp_path / "db.sqlite", stdin=script)
     assert r.returncode == 0, r.stderr[-2000:]
     errors = _error_lines(r)
     assert errors == ["error: the message is not valid UTF-8 text (undecodable byte at "
                       "character 3)"], errors
-    assert "Paris" in r.stdout  # the next line was answered
+    assert "Tokyo" in r.stdout  # the next line was answered
     assert "temperature" in r.stdout
 
 

@@ -31,7 +31,7 @@ def test_engine_config_names_the_bad_field(fields: dict[str, Any], message: str)
 def test_engine_config_checks_the_kv_tier_folder(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
-    with pytest.raises(ConfigError, match="kv_tier_dir .* cannot be used: Not a directory"):
+    with pytest.raises(ConfigError, match=r"kv_tier_dir .* cannot be used: Not a directory"):
         EngineConfig(kv_tier=True, kv_tier_dir=str(afile / "kv"))
     EngineConfig(kv_tier=True, kv_tier_dir=str(tmp_path / "kv"))
     assert (tmp_path / "kv").is_dir()

@@ -71,10 +71,10 @@ def test_llama_index_chat(tmp_path: Path) -> None:
 
 def test_terminal_chatbot(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tc.db'}"
-    stdin = "What is the capital of France?\n\nAnd of Italy?\n/quit\nnever read\n"
+    stdin = "What is the capital of Japan?\n\nAnd of Italy?\n/quit\nnever read\n"
     stdout, figures = run(
         "terminal_chatbot.py", "--max-tokens", "24", "--database-url", url, "--session", "s",
         "--temperature", "0", stdin=stdin)
     check_turns(stdout, figures, 2)
-    assert "Paris" in replies(stdout)[0]
+    assert "Tokyo" in replies(stdout)[0]
     assert [m.role for m in Store(url).messages("s")] == ["user", "assistant"] * 2

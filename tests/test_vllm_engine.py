@@ -28,10 +28,10 @@ def _key() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
-def test_capital_of_france_is_paris(vllm_engine) -> None:  # type: ignore[no-untyped-def]
+def test_capital_of_japan_is_tokyo(vllm_engine) -> None:  # type: ignore[no-untyped-def]
     r = vllm_engine.generate(Request(_key(), messages=[
-        Message("user", "What is the capital of France?")], sampling=GREEDY))
-    assert "Paris" in r.text
+        Message("user", "What is the capital of Japan?")], sampling=GREEDY))
+    assert "Tokyo" in r.text
     assert r.finish_reason == "stop"
     assert r.prompt_tokens > 0 and r.ttft_s > 0 and r.latency_s >= r.ttft_s
     assert vllm_engine.detokenize(r.token_ids) == r.text
@@ -39,7 +39,7 @@ def test_capital_of_france_is_paris(vllm_engine) -> None:  # type: ignore[no-unt
 
 def test_second_turn_hits_the_cache_and_sessions_are_isolated(vllm_engine) -> None:  # type: ignore[no-untyped-def]
     key = _key()
-    turn1 = [Message("system", SYSTEM), Message("user", "What is the capital of France?")]
+    turn1 = [Message("system", SYSTEM), Message("user", "What is the capital of Japan?")]
     r1 = vllm_engine.generate(Request(key, messages=turn1, sampling=GREEDY))
     assert r1.cached_tokens == 0
     turn2 = [*turn1, Message("assistant", r1.text, r1.token_ids),
@@ -106,8 +106,8 @@ def test_cancelled_stream_frees_the_request(vllm_engine) -> None:  # type: ignor
     gen.close()
     assert not vllm_engine._outboxes
     r = vllm_engine.generate(Request(_key(), messages=[
-        Message("user", "What is the capital of France?")], sampling=GREEDY))
-    assert "Paris" in r.text
+        Message("user", "What is the capital of Japan?")], sampling=GREEDY))
+    assert "Tokyo" in r.text
 
 
 def test_bad_input_is_rejected_and_engine_stays_usable(vllm_engine) -> None:  # type: ignore[no-untyped-def]
@@ -132,8 +132,8 @@ def test_bad_input_is_rejected_and_engine_stays_usable(vllm_engine) -> None:  # 
                                      sampling=SamplingParams(max_tokens=4,
                                                              json_schema=bad_schema)))
     r = vllm_engine.generate(Request(_key(), messages=[
-        Message("user", "What is the capital of France?")], sampling=GREEDY))
-    assert "Paris" in r.text
+        Message("user", "What is the capital of Japan?")], sampling=GREEDY))
+    assert "Tokyo" in r.text
 
 
 def test_unknown_engine_and_model_names() -> None:

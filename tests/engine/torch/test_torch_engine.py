@@ -54,11 +54,11 @@ def small_engine(num_blocks: int, max_model_len: int, dtype: str = "float32",
 
 # -- answers and prefix reuse ---------------------------------------------------------------------
 def test_answers_and_reuses_the_previous_turn(torch_engine: Any) -> None:
-    first = ask(torch_engine, "turns", "What is the capital of France?", max_tokens=20)
-    assert "Paris" in first.text
+    first = ask(torch_engine, "turns", "What is the capital of Japan?", max_tokens=20)
+    assert "Tokyo" in first.text
     assert first.cached_tokens == 0 and first.prompt_tokens > 0
     assert 0 < first.ttft_s <= first.latency_s
-    msgs = [Message("user", "What is the capital of France?"),
+    msgs = [Message("user", "What is the capital of Japan?"),
             Message("assistant", first.text, first.token_ids),
             Message("user", "And of Germany?")]
     second = torch_engine.generate(Request("turns", messages=msgs,
@@ -373,7 +373,22 @@ def test_reuse_hook_protocol(hooked: Any) -> None:
 def test_exact_decode_matches_transformers_generate_bf16(
         model_path: Any, hf_bf16_greedy: tuple[list[int], list[int]]) -> None:
     """With ``exact_decode`` the engine's bf16 greedy decoding (paged KV, scheduler, sampler)
-    reproduces transformers' ``generate`` token for token over 200 tokens."""
+    reproduces transformers' ``generate`` token for token over 200 tokens. On a CPU with AMX
+    oneDNN picks its bf16 GEMM kernels by shape, so transformers' products and the engine's
+    differ in the last bit there (the tokens part at 12 of 200): the claim is for the same
+    kernels, so it is checked again in a process with AMX off for both."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.cpu._is_amx_tile_supported() and "ONEDNN_MAX_CPU_ISA" not in os.environ:
+        r = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             f"{__file__}::test_exact_decode_matches_transformers_generate_bf16"],
+            env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, capture_output=True,
+            text=True, timeout=600)
+        assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:]
+        return
     prompt, gen = hf_bf16_greedy
     engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, dtype="bfloat16",
                            extra={"exact_decode": True})

@@ -150,11 +150,11 @@ def test_engine_option_and_stats() -> None:
             assert engine.stats().extra["attention"] == choice
             assert engine.stats().extra["dtype"] == "bfloat16"
             answers[choice] = engine.generate(Request(
-                "s", messages=[Message("user", "What is the capital of France?")],
+                "s", messages=[Message("user", "What is the capital of Japan?")],
                 sampling=SamplingParams(max_tokens=8))).text
         finally:
             engine.close()
-    assert "Paris" in answers["vllm"] and "Paris" in answers["sdpa"]
+    assert "Tokyo" in answers["vllm"] and "Tokyo" in answers["sdpa"]
     exact = create_engine("torch", max_model_len=512, kv_cache_gib=0.05, dtype="bfloat16",
                           extra={"exact_decode": True})
     try:  # transformers-exact mode keeps SDPA

@@ -187,11 +187,11 @@ def test_without_guided_decoding_tools_and_structured_output_are_refused(
 
 def test_llm_streams_and_reports_usage(shared_engine: Any, database_url: str) -> None:
     llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=10, temperature=0.0, database_url=database_url)
-    text = llm.invoke("What is the capital of France?")
-    assert "Paris" in text
-    chunks = list(llm.stream("What is the capital of France?"))
+    text = llm.invoke("What is the capital of Japan?")
+    assert "Tokyo" in text
+    chunks = list(llm.stream("What is the capital of Japan?"))
     assert "".join(chunks) == text and len([c for c in chunks if c]) >= 2
-    result = llm.generate(["What is the capital of France?"])
+    result = llm.generate(["What is the capital of Japan?"])
     info = result.generations[0][0].generation_info or {}
     assert info["output_tokens"] <= 10 and info["cached_tokens"] > 0  # third identical prompt
     assert result.llm_output is not None
@@ -205,9 +205,9 @@ def test_llm_streams_and_reports_usage(shared_engine: Any, database_url: str) ->
 
 async def test_llm_async(shared_engine: Any, database_url: str) -> None:
     llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=10, temperature=0.0, database_url=database_url)
-    text = await llm.ainvoke("What is the capital of France?")
-    chunks = [c async for c in llm.astream("What is the capital of France?")]
-    assert "".join(chunks) == text and "Paris" in text
+    text = await llm.ainvoke("What is the capital of Japan?")
+    chunks = [c async for c in llm.astream("What is the capital of Japan?")]
+    assert "".join(chunks) == text and "Tokyo" in text
 
 
 # -- bad input ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from suffixmem.errors import ContextWindowError, InvalidRequestError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
-QUESTION = [ChatMessage(role=MessageRole.USER, content="What is the capital of France?")]
+QUESTION = [ChatMessage(role=MessageRole.USER, content="What is the capital of Japan?")]
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_metadata_has_the_true_context_window(shared_engine: Any, database_url: 
 
 def test_chat_and_stream_chat(llm: SuffixMemLLM) -> None:
     reply = llm.chat(QUESTION)
-    assert "Paris" in reply.message.content
+    assert "Tokyo" in reply.message.content
     assert reply.message.role == MessageRole.ASSISTANT
     usage = reply.raw["usage"]
     assert usage == reply.additional_kwargs
@@ -84,9 +84,9 @@ def test_a_call_with_session_id_none_leaves_the_session_alone(llm: SuffixMemLLM)
 
 
 def test_complete_and_stream_complete(llm: SuffixMemLLM, shared_engine: Any) -> None:
-    done = llm.complete("What is the capital of France?")
-    assert "Paris" in done.text
-    pieces = [r.delta for r in llm.stream_complete("What is the capital of France?")]
+    done = llm.complete("What is the capital of Japan?")
+    assert "Tokyo" in done.text
+    pieces = [r.delta for r in llm.stream_complete("What is the capital of Japan?")]
     assert "".join(p or "" for p in pieces) == done.text and len(pieces) >= 4
     # formatted=True: the prompt is already formatted, so it is tokenized as is
     text = "The capital of France is"
@@ -98,8 +98,8 @@ async def test_async_versions_stream(llm: SuffixMemLLM) -> None:
     reply = await llm.achat(QUESTION)
     deltas = [r.delta async for r in await llm.astream_chat(QUESTION)]
     assert "".join(d or "" for d in deltas) == reply.message.content and len(deltas) >= 4
-    done = await llm.acomplete("What is the capital of France?")
-    pieces = [r.delta async for r in await llm.astream_complete("What is the capital of France?")]
+    done = await llm.acomplete("What is the capital of Japan?")
+    pieces = [r.delta async for r in await llm.astream_complete("What is the capital of Japan?")]
     assert "".join(p or "" for p in pieces) == done.text == reply.message.content
 
 
