@@ -286,7 +286,7 @@ class ConversationManager(TurnPath):
             elif r.replace:
                 new = NewSession(rec.title, rec.model, r.system_prompt)  # type: ignore[union-attr]
             return TurnSpec(
-                key=owner if owner is not None else self._anon.key(msgs, anon_scope),
+                key=sid if sid is not None else self._anon.key(msgs, anon_scope),  # its cache
                 session_id=owner, kind=r.kind if owner is not None else "stateless",
                 system_prompt=r.system_prompt,
                 history=list(r.history), tail=tail, context=(), to_store=list(r.to_store),

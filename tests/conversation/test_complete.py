@@ -106,14 +106,21 @@ def test_one_message_alone_leaves_the_session_as_it_is(
     the model reads only it and the session is untouched; ``continue_single`` (the server's
     "only the new message") continues the session."""
     sid = "alone"
-    manager.complete(sid, [Message("user", "My secret word is PINEAPPLE.")], max_tokens=4, seed=0)
+    secret = Message("user", "My secret word is PINEAPPLE. Please remember it for the rest of our "
+                             "long conversation about fruit, gardens, markets and the recipes "
+                             "we might cook together later this week.")
+    manager.complete(sid, [secret], max_tokens=4, seed=0)
     before = manager.history(sid)
     helper = manager.complete(sid, [Message("user", "Write a title.")], max_tokens=4, seed=0)
-    assert helper.history == "stateless" and helper.session_id != sid
+    assert helper.history == "stateless"
     assert manager.history(sid) == before
     read = engine.requests[-1]
-    assert read.session_key != sid and "PINEAPPLE" not in engine.detokenize(
-        engine.prompt_ids(read))
+    assert "PINEAPPLE" not in engine.detokenize(engine.prompt_ids(read))
+    # the session's own cache still serves what the message shares with it (a first answer
+    # regenerated: the same first message again)
+    again = manager.complete(sid, [secret], max_tokens=4, seed=0)
+    assert again.history == "stateless" and again.cached_tokens > 0
+    assert engine.requests[-1].session_key == sid and manager.history(sid) == before
     more = manager.complete(sid, [Message("user", "And now?")], max_tokens=4, seed=0,
                             continue_single=True)
     assert more.history == "appended" and manager.history(sid)[:2] == before

@@ -62,13 +62,13 @@ def _library() -> Path | None:
 
 
 def _isa(head_dim: int) -> str:
-    """vLLM's ISA choice for bf16 with 32-token blocks (``cpu_attn._get_attn_isa``)."""
+    """vLLM's ISA choice for bf16 with 32-token blocks (``cpu_attn._get_attn_isa``), less its
+    ``amx`` path: on an Intel host with AMX that path's decode logits left the bound the
+    ``vec`` path keeps against SDPA (``test_paged_mirror``), and it needs the process's AMX
+    permission (without it, a process where no oneDNN matmul had asked died of SIGILL)."""
     if head_dim % 32 and head_dim % 16 == 0:
         return "vec16"
-    # Linux lets a process use AMX tiles only after it asked (arch_prctl XTILEDATA, which
-    # torch's _init_amx does, as vLLM's CPU worker does at start): without it the kernel died
-    # of SIGILL in a process where no oneDNN matmul had asked yet (an Intel host with AMX)
-    return "amx" if torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx() else "vec"
+    return "vec"
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

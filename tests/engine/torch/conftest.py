@@ -11,6 +11,28 @@ import pytest
 import torch
 
 
+def rerun_without_amx(test: Callable[..., Any]) -> bool:
+    """On a CPU with AMX, run ``test`` again in a pytest process whose oneDNN stays at AVX-512
+    BF16 and assert it passes; True when it did (the caller returns). oneDNN picks its AMX
+    bf16 kernels by shape, so two computations of one product in different shapes (ours and
+    transformers') differ in the last bit there; a bit-for-bit claim is for one kernel. False
+    elsewhere, or inside that rerun: the caller checks in place."""
+    import inspect
+    import os
+    import subprocess
+    import sys
+
+    if not torch.cpu._is_amx_tile_supported() or "ONEDNN_MAX_CPU_ISA" in os.environ:
+        return False
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"{inspect.getfile(test)}::{test.__name__}"],
+        env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, capture_output=True,
+        text=True, timeout=600)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:]
+    return True
+
+
 def tiny_hf_config(**overrides: Any) -> Any:
     from transformers import LlamaConfig
 

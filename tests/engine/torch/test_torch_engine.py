@@ -24,6 +24,7 @@ from suffixmem.engine.torch.kv_pool import KVPool
 from suffixmem.engine.torch.model_runner import SeqInput
 from suffixmem.engine.torch.reuse_hook import ReuseOutcome
 from suffixmem.errors import CapacityError, ConfigError, ContextWindowError
+from tests.engine.torch.conftest import rerun_without_amx
 
 pytestmark = pytest.mark.slow
 
@@ -374,20 +375,9 @@ def test_exact_decode_matches_transformers_generate_bf16(
         model_path: Any, hf_bf16_greedy: tuple[list[int], list[int]]) -> None:
     """With ``exact_decode`` the engine's bf16 greedy decoding (paged KV, scheduler, sampler)
     reproduces transformers' ``generate`` token for token over 200 tokens. On a CPU with AMX
-    oneDNN picks its bf16 GEMM kernels by shape, so transformers' products and the engine's
-    differ in the last bit there (the tokens part at 12 of 200): the claim is for the same
-    kernels, so it is checked again in a process with AMX off for both."""
-    import os
-    import subprocess
-    import sys
-
-    if torch.cpu._is_amx_tile_supported() and "ONEDNN_MAX_CPU_ISA" not in os.environ:
-        r = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             f"{__file__}::test_exact_decode_matches_transformers_generate_bf16"],
-            env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, capture_output=True,
-            text=True, timeout=600)
-        assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:]
+    oneDNN picks its bf16 GEMM kernels by shape, so the two differ in the last bit there (they
+    part at token 12): the claim is for one kernel, checked in a process with AMX off."""
+    if rerun_without_amx(test_exact_decode_matches_transformers_generate_bf16):
         return
     prompt, gen = hf_bf16_greedy
     engine = create_engine("torch", max_model_len=1024, kv_cache_gib=0.1, dtype="bfloat16",
