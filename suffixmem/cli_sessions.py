@@ -36,14 +36,10 @@ def _store(database: str | None) -> Any:
     from suffixmem.conversation.store import Store
     from suffixmem.errors import StoreError
 
-    url = database_url(database)
-    try:
-        parsed = make_url(url)
-    except Exception:  # _check_database names the bad URL
-        parsed = None
-    if (database is not None and parsed is not None and parsed.get_backend_name() == "sqlite"
-            and parsed.database
-            and parsed.database != ":memory:" and not Path(parsed.database).exists()):
+    url = database_url(database)  # parsed here: a bad URL is its one-line ConfigError
+    parsed = make_url(url)
+    path = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if database is not None and path and path != ":memory:" and not Path(path).exists():
         raise StoreError(f"no database at {mask_url(url)} (no such file)")
     return Store(_check_database(url))
 

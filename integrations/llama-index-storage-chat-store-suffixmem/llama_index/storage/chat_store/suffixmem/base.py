@@ -109,7 +109,8 @@ class SuffixMemChatStore(BaseChatStore):
     def _already_stored(self, key: str, message: ChatMessage, new: Message) -> bool:
         mark = message.additional_kwargs.get(STORED_KEY)
         note = STORED_TURNS.peek(self._manager, key)
-        if isinstance(mark, dict) and mark.get("session_id") == key:
+        marked = isinstance(mark, dict) and mark.get("session_id") == key
+        if marked:
             at = mark.get("index")
         elif note is not None and new.role in ("user", "assistant"):
             at = note[0] - (new.role == "user")  # the question just before the noted reply
@@ -119,11 +120,11 @@ class SuffixMemChatStore(BaseChatStore):
         # stripped: a streaming chat engine puts the reply back with its text stripped
         held = (isinstance(at, int) and 0 <= at < len(stored) and stored[at].role == new.role
                 and stored[at].content.strip() == new.content.strip())
+        if not marked:  # a fresh copy: of the reply just noted, still the last stored message
+            held = held and note[0] == len(stored) - 1 and (
+                stored[note[0]].content.strip() == note[1].strip())
         if note is not None and (new.role == "assistant" or not held):
             STORED_TURNS.take(self._manager, key)  # seen, or the history moved on
-        if held and note is not None and mark is None:
-            # a fresh copy: only the reply just noted (still the last stored message)
-            held = note[0] == len(stored) - 1 and stored[note[0]].content.strip() == note[1].strip()
         return held
 
     def delete_messages(self, key: str) -> list[ChatMessage] | None:
