@@ -154,7 +154,7 @@ def chat(
             f"[bold]suffixmem[/] chat — session [cyan]{escape(info.id)}[/] on {engine}/{model}. "
             "Type /help for commands."
         )
-        repl.run(mgr, info, sampling, system)
+        repl.run(mgr, info, sampling, system, created=sid is None or new)
     finally:
         mgr.close()
         mgr.engine.close()

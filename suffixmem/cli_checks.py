@@ -135,17 +135,22 @@ def session_to_use(exists: bool, session: str | None, new: bool) -> str | None:
     return session
 
 
-def _check_session(url: str, session: str, new: bool) -> None:
+def _check_session(url: str, session: str, new: bool, system: str | None = None) -> None:
     """``session_to_use`` against the database at ``url``, before any engine starts (the
-    command checks again once its manager is up: another process may have acted since)."""
+    command checks again once its manager is up: another process may have acted since); a
+    ``--system`` for a stored session must be the one it has (it would be ignored)."""
     from suffixmem.conversation.store import Store
 
     store = Store(url)
     try:
-        exists = store.get_session(session) is not None
+        record = store.get_session(session)
     finally:
         store.close()
-    session_to_use(exists, session, new)
+    session_to_use(record is not None, session, new)
+    if record is not None and system is not None and system != record.system_prompt:
+        raise InvalidRequestError(
+            f"--system sets a new session's system prompt, and session {session!r} has its "
+            "own; drop --system to continue it")
 
 
 def _preflight(engine: str, max_tokens: int, temperature: float | None,
@@ -174,10 +179,12 @@ def _preflight(engine: str, max_tokens: int, temperature: float | None,
             raise InvalidRequestError("--system is empty")
     if session is not None:
         check_text(session, "--session")
+    elif new:  # it would be ignored: without --session every chat or ask starts a new session
+        raise InvalidRequestError("--new creates the session that --session names; give both")
     suffixmem_home()
     url = _check_database(database, writable=True)
     if session is not None:
-        _check_session(url, session, new)
+        _check_session(url, session, new, system)
     if model is not None and engine != "remote":  # a remote engine's window is its servers'
         from suffixmem.models import check_context, resolve_model
 

@@ -23,8 +23,29 @@ HELP = "/new \\[system prompt] · /sessions · /stats · /help · /quit (or /exi
 
 
 def run(mgr: ConversationManager, info: SessionInfo, sampling: dict[str, Any],
-        system: str | None) -> None:
-    """Chat on ``info``'s session until /quit or the end of input."""
+        system: str | None, *, created: bool = False) -> None:
+    """Chat on ``info``'s session until /quit or the end of input. A session this chat
+    ``created`` (and each one /new opens) is deleted again if it ends without a stored turn,
+    so an abandoned chat leaves nothing behind, as a failed ``ask`` does."""
+    opened = {info.id} if created else set()
+    try:
+        _loop(mgr, info, sampling, system, opened)
+    finally:
+        for sid in opened:
+            drop_if_empty(mgr, sid)
+
+
+def drop_if_empty(mgr: ConversationManager, session_id: str) -> None:
+    """Delete ``session_id`` if it has no message (best effort: the chat is ending)."""
+    try:
+        if mgr.get_session(session_id).message_count == 0:
+            mgr.delete_session(session_id)
+    except SuffixmemError:  # deleted or unreachable meanwhile: nothing to leave behind
+        pass
+
+
+def _loop(mgr: ConversationManager, info: SessionInfo, sampling: dict[str, Any],
+          system: str | None, opened: set[str]) -> None:
     while (line := read_line()) is not None:
         text = line.strip()
         if not text:
@@ -34,7 +55,10 @@ def run(mgr: ConversationManager, info: SessionInfo, sampling: dict[str, Any],
             if text.startswith("/"):
                 if text.split()[0] in ("/quit", "/exit"):
                     break
-                info = command(mgr, info, text, system)
+                now = command(mgr, info, text, system)
+                if now.id != info.id:  # /new opened it
+                    opened.add(now.id)
+                info = now
                 continue
             stream_turn(mgr.stream_chat(info.id, text, **sampling), "[bold blue]bot>[/] ")
         except KeyboardInterrupt:

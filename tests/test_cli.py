@@ -254,6 +254,8 @@ def test_interactive_chat_commands(tmp_path: Path) -> None:
     assert "new session" in out
     assert out.count("messages ·") >= 3  # /sessions listed 1, then 2 sessions
     assert "temperature 0.00" in out  # the turn's temperature, shown after the turn
+    # /new's session ended without a turn: it is not left behind; the answered one stays
+    assert _session_rows(tmp_path / "db.sqlite") == 1
 
 
 @pytest.mark.slow
@@ -287,6 +289,11 @@ def test_unknown_session_is_an_error_not_a_new_session(tmp_path: Path) -> None:
     r = _run(["ask", "--session", "mine", "--new", *absent, "hi"], db)
     assert r.returncode == 2 and _error_lines(r) == [
         "error: --session 'mine' already exists; drop --new to continue it"]
+    # options that would be ignored are refused: --new without the id to create, and a
+    # --system other than the stored session's own
+    _one_line_error(_run(["ask", "--new", *absent, "hi"], db), "--new creates the session")
+    _one_line_error(_run(["chat", "--session", "mine", "--system", "Be terse.", *absent], db,
+                         stdin="/quit\n"), "session 'mine' has its own")
     # the same model with a session that exists: now the model's own error
     r = _run(["ask", "--session", "mine", *absent, "hi"], db)
     assert r.returncode == 2 and "/no/such/model" in _error_lines(r)[0], r.stderr[-2000:]
