@@ -293,10 +293,10 @@ class ConversationManager(TurnPath):
                 user_text=users[-1] if users else None,
                 session_temperature=rec.temperature if rec is not None
                 else self.temperature.initial(),
-                window_start=rec.window_start if rec is not None and not r.replace else 0,
+                window_start=r.window_start(rec.window_start) if rec is not None else 0,
                 stored_count=len(stored) if stored is not None else 0,
                 version=version if owner is not None else 0,
-                sampling=params, create=new, replace=r.replace, trimmed=r.dropped > 0,
+                sampling=params, create=new, replace=r.replace,
                 fresh_topic=r.replace or owner is None, started=started,
                 temperature_range=session_range(rec),
             )

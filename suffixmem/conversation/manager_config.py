@@ -43,7 +43,7 @@ class ManagerConfig:
       context blocks included, at new positions); True (default) only the classes below.
     - ``rag_reuse``: when the application rewrites the system prompt with this turn's retrieved
       passages under a kept history (LlamaIndex's ``CondensePlusContextChatEngine``; a
-      ``complete`` call whose history was rewritten, not just trimmed, and whose system prompt
+      ``complete`` call whose history was rewritten (not windowed) and whose system prompt
       has passages), the turn goes to the engine with ``exact=False``: the passages are marked
       (``layout.passage_segments``) and the history is found by context shift, both reused at
       their new positions (torch engine with ``segment_reuse``). None (default): on exactly

@@ -17,10 +17,15 @@ manager keeps one copy (SQL) and decides what the call means:
   checkpoint) or makes a helper call under the thread's config (a title, a condensed
   question); the model must read what was sent, as with any OpenAI-style model, and neither
   reading the stored history into it nor replacing that history is what the app meant.
+- **windowed**: what was sent is the stored history less its oldest exchanges, then new
+  messages (the application's sliding window: LangChain's ``trim_messages``, LlamaIndex's
+  ``ChatMemoryBuffer`` token limit). The stored history stays whole and the new messages are
+  appended, as for **appended**; the prompt starts where the window does (``dropped``: how
+  many stored messages it leaves out), with the kept messages' generated ids. Replacing the
+  history by the window would lose what a memory over this session keeps (a LlamaIndex chat
+  store's whole conversation).
 - **rewritten**: anything else (an edited or truncated history, another system prompt); the
-  stored history is replaced by what was sent, atomically with the turn. ``dropped`` > 0 says
-  the rewrite only dropped the oldest messages (a framework's sliding window, e.g. LangChain's
-  ``trim_messages``): the kept ones are the stored ones, with their generated ids.
+  stored history is replaced by what was sent, atomically with the turn.
 - **stateless**: ``session_id=None``; nothing is stored (see ``anon_key``).
 
 A leading ``system`` message is the session's system prompt (a stored one too, as a framework's
@@ -42,15 +47,15 @@ from suffixmem.conversation.validation import check_text
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError
 
-HistoryKind = Literal["new", "appended", "rewritten", "stateless"]
+HistoryKind = Literal["new", "appended", "windowed", "rewritten", "stateless"]
 
 
 @dataclass(slots=True, frozen=True)
 class Reconciled:
     """``history`` (rendered before the tail, stored ids attached) and ``tail`` (answered now);
     ``to_store`` is what the turn commits before the reply; ``replace`` says whether it replaces
-    the stored history; ``dropped``: how many of the oldest stored messages a rewrite dropped
-    when it kept all the others unchanged (0 otherwise)."""
+    the stored history; ``dropped`` (``windowed``): how many of the oldest stored messages the
+    window leaves out of the prompt (``history`` holds them: the layout starts after them)."""
 
     kind: HistoryKind
     system_prompt: str | None
@@ -59,6 +64,14 @@ class Reconciled:
     to_store: tuple[Message, ...]
     replace: bool
     dropped: int = 0
+
+    def window_start(self, stored: int) -> int:
+        """Where the prompt starts in the history, given the session's stored ``window_start``
+        (its layout's evictions): a windowed call's own window (the model reads what was sent;
+        the layout evicts further only if it must); 0 for a replaced history."""
+        if self.replace:
+            return 0
+        return self.dropped if self.kind == "windowed" else stored
 
 
 def check_messages(messages: object, max_chars: int) -> tuple[Message, ...]:
@@ -145,13 +158,17 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
             return Reconciled("appended", sp, tuple(stored), tuple(tail), tuple(tail), False)
         return Reconciled("stateless", sp, (), tuple(tail), (), False)
     d = _dropped(conv, stored) if sp == stored_system else 0
+    if d:  # a window: appended to the whole stored history, read from the window on
+        merged = (*stored, *conv[n - d:])
+        return Reconciled("windowed", sp, merged[:d + len(before)], tuple(tail),
+                          tuple(conv[n - d:]), False, d)
     # an edited history, or the same one under another system prompt (a RAG chat engine writes
     # each turn's passages into it): where the sent message still matches at its place, the
     # stored one comes back with its generated ids, so the prompt holds the tokens the model
     # produced (what the engine cached), not a re-tokenization of their text
-    hist = tuple(stored[d + i] if d + i < n and _same(m, stored[d + i]) else m
+    hist = tuple(stored[i] if i < n and _same(m, stored[i]) else m
                  for i, m in enumerate(before))
-    return Reconciled("rewritten", sp, hist, tuple(tail), (*hist, *tail), True, d)
+    return Reconciled("rewritten", sp, hist, tuple(tail), (*hist, *tail), True)
 
 
 def _dropped(conv: Sequence[Message], stored: Sequence[Message]) -> int:

@@ -51,7 +51,7 @@ from suffixmem.engine.protocol import (
 )
 from suffixmem.errors import ContextWindowError, EngineClosedError, InvalidRequestError
 
-HistoryKind = Literal["new", "appended", "rewritten", "stateless"]
+HistoryKind = Literal["new", "appended", "windowed", "rewritten", "stateless"]
 
 
 @dataclass(slots=True)
@@ -120,7 +120,6 @@ class TurnSpec:
     sampling: dict[str, Any]
     create: NewSession | None = None
     replace: bool = False
-    trimmed: bool = False  # the replacing history only dropped the stored one's oldest turns
     fresh_topic: bool = False
     started: float = field(default_factory=time.perf_counter)
     # the session's own semantic temperature range (hot, cold); None: the manager's
@@ -178,12 +177,12 @@ def stream_turn(engine: Any, plan: Plan, exact: bool, context_shift: bool = Fals
     ``context_shift`` sends a turn without document segments (the shared system head stays,
     for the isolation scope), so that only the engine's context shift may approximate: kept
     turns at new positions after the layout, or the application's own sliding window
-    (``TurnSpec.trimmed``), dropped old ones; ``rag_reuse`` sends a rewritten history whose
+    (``windowed``), dropped old ones; ``rag_reuse`` sends a rewritten history whose
     system prompt carries passages (this turn's retrieval) with those passages marked, so
     that they and the history are reused at their new positions. Any other rewritten history
     (an edited conversation under a plain system prompt) stays exact: no gate measured it."""
     spec = plan.spec
-    rewritten = spec.replace and not spec.trimmed
+    rewritten = spec.replace
     segments = plan.prompt.segments
     passages = passage_segments(engine, spec.system_prompt, plan.prompt.token_ids) if (
         not exact or (rag_reuse and rewritten)) else ()

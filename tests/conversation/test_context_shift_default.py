@@ -111,9 +111,20 @@ def test_an_applications_own_sliding_window_shifts_too(engine: Recorder,
         kept = [msgs[0], *msgs[3:]]
         r = mgr.complete("win", [*kept, Message("user", QUESTIONS[4])], temperature=0.0)
         request = engine.requests[-1]
-        assert r.history == "rewritten" and not request.exact and _no_documents(request)
+        assert r.history == "windowed" and not request.exact and _no_documents(request)
         assert r.result.reused_segment_tokens > 32
-        assert [m.content for m in mgr.history("win")][:2] == [QUESTIONS[1], msgs[4].content]
+        # the prompt is the window, as sent; the stored history stays whole (a memory over
+        # the session keeps the conversation), the new exchange appended
+        prompt = engine.inner.tokenizer.decode(request.token_ids)
+        assert QUESTIONS[0] not in prompt and QUESTIONS[1] in prompt
+        stored = [m.content for m in mgr.history("win")]
+        assert stored[:-2] == [m.content for m in msgs[1:]]
+        assert stored[-2:] == [QUESTIONS[4], r.text]
+        # the session's next turn through chat reads from the window on, too
+        r = mgr.chat("win", QUESTIONS[5], temperature=0.0)
+        prompt = engine.inner.tokenizer.decode(engine.requests[-1].token_ids)
+        assert QUESTIONS[0] not in prompt and QUESTIONS[4] in prompt
+        assert r.history == "appended" and len(mgr.history("win")) == 12
     finally:
         mgr.close()
 

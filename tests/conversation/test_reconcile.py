@@ -52,14 +52,28 @@ def test_one_message_alone_is_answered_alone_unless_it_continues() -> None:
         assert held.kind == "appended" and held.history == () and held.to_store == ()
 
 
-def test_a_sliding_window_drops_the_oldest_exchanges_and_keeps_the_ids() -> None:
-    r = reconcile(sent(*map(plain, STORED[2:]), Message("user", "four?")), STORED, SYSTEM, None)
-    assert r.kind == "rewritten" and r.replace and r.dropped == 2
-    assert r.history == tuple(STORED[2:])  # the kept turns come back with their generated ids
-    assert r.to_store == (*STORED[2:], Message("user", "four?"))
+def test_a_sliding_window_keeps_the_stored_history_and_starts_the_prompt_at_it() -> None:
+    """The application's window dropped the oldest exchanges: the stored history stays whole
+    (a memory over this session keeps the whole conversation), the new message is appended,
+    and the prompt starts at the window (``dropped`` messages in)."""
+    four = Message("user", "four?")
+    r = reconcile(sent(*map(plain, STORED[2:]), four), STORED, SYSTEM, None)
+    assert r.kind == "windowed" and not r.replace and r.dropped == 2
+    assert r.history == tuple(STORED)  # the kept turns come back with their generated ids
+    assert r.to_store == (four,) and r.tail == (four,)
     # the window may also take the new message's predecessor along (two exchanges dropped)
-    r = reconcile(sent(*map(plain, STORED[4:]), Message("user", "four?")), STORED, SYSTEM, None)
-    assert r.dropped == 4 and r.history == tuple(STORED[4:])
+    r = reconcile(sent(*map(plain, STORED[4:]), four), STORED, SYSTEM, None)
+    assert r.kind == "windowed" and r.dropped == 4 and r.history == tuple(STORED)
+    # the prompt starts at the window, wherever the session's layout had started it
+    assert r.window_start(0) == r.window_start(2) == 4
+    appended = reconcile(sent(*map(plain, STORED), four), STORED, SYSTEM, None)
+    assert appended.window_start(2) == 2  # the layout's own evictions stand
+    assert reconcile(sent(four, four, system="x"), STORED, SYSTEM, None).window_start(2) == 0
+    # a memory that stored the new message before the call (a LlamaIndex chat store): it is
+    # not stored twice
+    r = reconcile(sent(*map(plain, STORED[2:]), four), [*STORED, four], SYSTEM, None)
+    assert r.kind == "windowed" and r.dropped == 2 and r.to_store == ()
+    assert r.history == tuple(STORED) and r.tail == (four,)
 
 
 def test_other_rewrites_are_not_a_window() -> None:

@@ -2,8 +2,9 @@
 
 Translation only: LangChain messages become suffixmem messages, the run's config names the
 session, and the manager's events become ``AIMessageChunk``s. The manager reconciles the sent
-messages with the stored session (appended / rewritten / new / stateless), lays the prompt out
-for the cache, detects topic jumps, picks the semantic temperature and stores the turn.
+messages with the stored session (appended / windowed / rewritten / new / stateless), lays the
+prompt out for the cache, detects topic jumps, picks the semantic temperature and stores the
+turn.
 """
 
 from __future__ import annotations

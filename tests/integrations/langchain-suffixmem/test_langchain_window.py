@@ -1,7 +1,7 @@
 """An application's own sliding window (LangChain's ``trim_messages``) through
 ``SuffixMemChatModel`` on the torch engine: the turn after the window dropped the oldest
 exchange reuses the kept turns' KV at their new positions (context shift, the default) instead
-of recomputing them."""
+of recomputing them, and the stored session keeps the whole conversation."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def test_trim_messages_window_keeps_the_kept_turns_warm(torch_engine: Any,
     assert [m.content for m in kept[1::2]] == list(BREAD[1:3])
     shifts = torch_engine.reuse.shift.shifts
     reply = chat.invoke([*kept, HumanMessage(BREAD[3])], config=config)
-    assert reply.response_metadata["history"] == "rewritten" and reply.content
+    assert reply.response_metadata["history"] == "windowed" and reply.content
+    # the session keeps the whole conversation; the model read the window
+    assert len(chat.get_manager().history("lc-window")) == 8
     assert torch_engine.reuse.shift.shifts == shifts + 1
     # a prefix cache alone would hit the system prompt only: the kept turns moved left
     system = len(torch_engine.render([Message("system", SYSTEM)], False))

@@ -157,6 +157,30 @@ def test_chat_engine_memory_in_the_store(
     assert usages[2]["cached_tokens"] >= (previous - 1) // block * block > 0
 
 
+@pytest.mark.slow
+def test_a_memory_window_keeps_the_whole_conversation_in_the_store(
+    shared_engine: Any, manager: Any, database_url: str, usage_recorder: Any
+) -> None:
+    """``ChatMemoryBuffer`` with a small ``token_limit`` sends the LLM only its last
+    exchanges; the store still holds the whole conversation, as ``SimpleChatStore`` would (the
+    window read as a rewritten history and replaced the session with it)."""
+    llm = SuffixMemLLM(**MODEL_PARAMS, max_tokens=16, temperature=0.0, session_id="li-window",
+                       database_url=database_url)
+    store = SuffixMemChatStore(manager=manager)
+    memory = ChatMemoryBuffer.from_defaults(llm=llm, chat_store=store,
+                                            chat_store_key="li-window", token_limit=60)
+    engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
+    questions = ["What is bread made of?", "How long does dough rise?",
+                 "Why does bread go stale?", "What is sourdough?"]
+    for q in questions:
+        engine.chat(q)
+    assert len(memory.get()) < 2 * len(questions)  # the window the LLM was sent
+    kept = store.get_messages("li-window")
+    assert [m.role for m in kept] == [MessageRole.USER, MessageRole.ASSISTANT] * 4
+    assert [m.content for m in kept[::2]] == questions
+    assert "windowed" in [u["history"] for u in usage_recorder.usages]
+
+
 def test_a_system_message_set_in_the_store_stays_and_the_turn_continues(
     shared_engine: Any, manager: Any, database_url: str
 ) -> None:
