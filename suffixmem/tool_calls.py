@@ -5,7 +5,8 @@ decoding, engines with ``supports_json_schema``) to one JSON object:
 
 - a tool call: ``{"name": "<tool>", "arguments": {...}}`` where ``arguments`` follows that tool's
   parameter schema (top-level extra keys refused), so a call always parses against its tool;
-- with ``tool_choice="auto"`` also a plain answer: ``{"response": "<text>"}``.
+- with ``tool_choice="auto"`` also a plain answer: ``{"response": "<text>"}``; with "none" only
+  that answer.
 
 ``reply_schema(tools, choice)`` builds that schema; ``parse_reply(text)`` reads a reply back
 (``Reply.calls`` or ``Reply.text``). The reply is stored in the session exactly as generated,
@@ -73,8 +74,8 @@ def new_call_id() -> str:
 
 
 def check_choice(tools: Sequence[ToolSpec], choice: str | None) -> str | None:
-    """``choice``: ``None``/"auto" (call a tool or answer), "none" (answer in text, no
-    schema), "required"/"any" (call some tool), or a tool's name."""
+    """``choice``: ``None``/"auto" (call a tool or answer), "none" (answer, no call),
+    "required"/"any" (call some tool), or a tool's name."""
     if choice in (None, "auto", "none", "required", "any"):
         return choice
     names = [t.name for t in tools]
@@ -109,21 +110,28 @@ def _call_schema(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object", "properties": {ANSWER_KEY: {"type": "string"}},
+    "required": [ANSWER_KEY], "additionalProperties": False,
+    "description": "a plain answer, without calling a tool",
+}
+
+
 def reply_schema(tools: Sequence[ToolSpec], choice: str | None = None) -> dict[str, Any] | None:
-    """The JSON schema the reply is constrained to, or ``None`` (free text: no tools, or
-    ``choice="none"``)."""
+    """The JSON schema the reply is constrained to, or ``None`` (free text: no tools).
+    ``choice="none"`` holds it to the plain answer, ``{"response": ...}``, which
+    ``parse_reply`` reads back as text: the system prompt describes the tools and that JSON
+    whatever the choice (so it stays cached), and a free reply came back as raw JSON."""
     choice = check_choice(tools, choice)
-    if not tools or choice == "none":
+    if not tools:
         return None
+    if choice == "none":
+        return copy.deepcopy(ANSWER_SCHEMA)
     chosen = [t for t in tools if choice in (None, "auto", "required", "any") or t.name == choice]
     defs: dict[str, Any] = {}
     options = [_call_schema(t, defs) for t in chosen]
     if choice in (None, "auto"):
-        options.append({
-            "type": "object", "properties": {ANSWER_KEY: {"type": "string"}},
-            "required": [ANSWER_KEY], "additionalProperties": False,
-            "description": "a plain answer, without calling a tool",
-        })
+        options.append(copy.deepcopy(ANSWER_SCHEMA))
     schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
     if defs:
         schema = {**schema, "$defs": defs}

@@ -55,7 +55,13 @@ def test_choice_narrows_the_schema() -> None:
     only_add = reply_schema([ADD, LOAF], "add")
     assert only_add is not None
     assert not _ok(only_add, {"name": "bake", "arguments": {"loaf": {"kind": "rye"}}})
-    assert reply_schema([ADD], "none") is None and reply_schema([], None) is None
+    assert reply_schema([], None) is None  # no tools: free text
+    # "none": the plain answer only (the system prompt asks for JSON whatever the choice),
+    # read back as text
+    none = reply_schema([ADD], "none")
+    assert none is not None and _ok(none, {"response": "hi"})
+    assert not _ok(none, {"name": "add", "arguments": {"a": 1, "b": 2}})
+    assert parse_reply('{"response": "It is 42."}').text == "It is 42."
     with pytest.raises(InvalidRequestError, match="tool_choice"):
         reply_schema([ADD], "mul")
 

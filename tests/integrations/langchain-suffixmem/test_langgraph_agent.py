@@ -49,6 +49,8 @@ def test_agent_calls_the_calculator_and_reads_its_first_step_from_cache(
         assert msgs[2].tool_call_id == call["id"]
         assert msgs[2].content == ex.calculator.invoke(call["args"])
         assert isinstance(msgs[3].content, str) and not msgs[3].tool_calls
+        # tool_choice "none": an answer in text, not the JSON the system prompt describes
+        assert msgs[3].content and not msgs[3].content.lstrip().startswith("{")
 
         first, second = msgs[1].usage_metadata, msgs[3].usage_metadata
         assert first is not None and second is not None
