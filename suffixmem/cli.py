@@ -63,28 +63,33 @@ app.add_typer(sessions_app, name="sessions")
 BENCH_GROUP = "suffixmem.bench"  # entry points: NAME = "module:register", register(bench_app)
 
 UPSTREAM = typer.Option(
-    None, "--upstream", help="vLLM server URL for --engine remote (repeat for replicas).")
+    None, "--upstream", metavar="URL",
+    help="vLLM server URL for --engine remote (repeat for replicas).")
+
+NEW = typer.Option(False, "--new", metavar="",
+                   help="Create the --session id instead of resuming.")
 
 TOPIC_SIGNAL = typer.Option(
     "tfidf", "--topic-signal", help="What topic jumps weigh besides TF-IDF and conversation "
-    "cues: tfidf (nothing more), hidden (the served model's hidden states, ~10 ms a turn) or "
-    "gain (its context gain, ~80 ms a turn); see docs/conversation.md.")
+    "cues: tfidf (nothing more), hidden (the served model's hidden states, about 15 ms a turn "
+    "at p99) or gain (its context gain, about 170 ms a turn at p99); see docs/conversation.md.")
 
 KV_TIER = typer.Option(
-    False, "--kv-tier", help="Keep KV blocks that leave the pool on disk ($SUFFIXMEM_HOME/kv, "
-    "4 GiB) and load them back when their session returns, also after a restart (vllm and "
-    "torch engines; docs/kv-tier.md).")
+    False, "--kv-tier", metavar="",  # a flag: no value to show in --help
+    help="Keep KV blocks that leave the pool on disk ($SUFFIXMEM_HOME/kv, 4 GiB) and load "
+    "them back when their session returns, also after a restart (vllm and torch engines; "
+    "docs/kv-tier.md).")
 
 
 def _make_manager(engine_name: str, model: str, database: str, max_model_len: int,
                   upstream: list[str] | None = None, topic_signal: str = "tfidf",
-                  kv_tier: bool = False) -> Any:
+                  kv_tier: bool = False, system: str | None = None) -> Any:
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
 
     # before the engine: its errors are cheap; "sync": a turn whose commit fails (a full disk)
     # is an error line, not an answer printed as stored
-    config = _manager_config(model, topic_signal, durability="sync")
+    config = _manager_config(model, topic_signal, durability="sync", system_prompt=system)
 
     _check_engine_options(engine_name, upstream, kv_tier)
     if engine_name == "remote":
@@ -126,7 +131,7 @@ def chat(
     model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
     session: str | None = typer.Option(
         None, help="Resume this existing session (with --new: start a session with this id)."),
-    new: bool = typer.Option(False, "--new", help="Create the --session id instead of resuming."),
+    new: bool = NEW,
     system: str | None = typer.Option(None, help="System prompt for a new session."),
     max_tokens: int = typer.Option(256, help="Reply length limit in tokens."),
     temperature: float | None = typer.Option(
@@ -165,7 +170,8 @@ def ask(
     text: str = typer.Argument(..., help="The message to send."),
     session: str | None = typer.Option(
         None, help="Continue this existing session (with --new: create it with this turn)."),
-    new: bool = typer.Option(False, "--new", help="Create the --session id instead of resuming."),
+    new: bool = NEW,
+    system: str | None = typer.Option(None, help="System prompt for a new session."),
     engine: str = typer.Option("vllm", help="Engine: vllm (default), torch or remote."),
     upstream: list[str] | None = UPSTREAM,
     model: str = typer.Option(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
@@ -176,15 +182,17 @@ def ask(
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
     topic_signal: str = TOPIC_SIGNAL,
     kv_tier: bool = KV_TIER,
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", metavar="", help="Print one JSON object."),
 ) -> None:
     """One-shot question; the turn is stored (a new session unless --session names one). A
     later ask --session continues it from SQL in a new process, which computes the history
     again. A failed turn stores nothing, not even an empty session."""
     sampling, url = _preflight(engine, max_tokens, temperature, database, session, new,
-                               message=text, max_model_len=max_model_len, model=model)
+                               message=text, system=system, max_model_len=max_model_len,
+                               model=model)
     with quiet_start():
-        mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal, kv_tier)
+        mgr = _make_manager(engine, model, url, max_model_len, upstream, topic_signal, kv_tier,
+                            system)
     try:
         sid = _session_to_use(mgr, session, new) or uuid.uuid4().hex
         # create=True: the session row is written with the turn's commit, never before it
@@ -221,8 +229,8 @@ def serve(
     database: str | None = typer.Option(None, help="SQLAlchemy URL (default: SQLite file)."),
     upstream: list[str] | None = UPSTREAM,
     api_key: list[str] | None = typer.Option(  # noqa: B008 - a list option, read-only
-        None, help="Require this bearer key (repeatable; default: $SUFFIXMEM_API_KEY, "
-        "comma-separated). Each key sees only its own sessions."),
+        None, metavar="KEY", help="Require this bearer key (repeatable; default: "
+        "$SUFFIXMEM_API_KEY, comma-separated). Each key sees only its own sessions."),
     max_model_len: int = typer.Option(8192, help="Context window in tokens."),
     max_pending: int = typer.Option(64, help="Requests in flight before 429."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, help="Largest request body (413)."),
@@ -271,7 +279,7 @@ def serve(
 def model(
     name: str = typer.Argument(DEFAULT_MODEL, help="Model name, .gguf file or folder."),
     verify: bool = typer.Option(False, help="Also check every file's sha256."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = typer.Option(False, "--json", metavar="", help="Print one JSON object."),
 ) -> None:
     """Provision (once) and describe a model."""
     from suffixmem.models import MODELS, model_info, resolve_model

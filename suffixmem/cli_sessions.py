@@ -24,7 +24,7 @@ sessions_app = typer.Typer(no_args_is_help=True,
                            help="List, show, delete stored sessions; vacuum the database.")
 
 DATABASE = typer.Option(None, help="SQLAlchemy URL (default: SQLite file).")
-AS_JSON = typer.Option(False, "--json", help="Print JSON.")
+AS_JSON = typer.Option(False, "--json", metavar="", help="Print JSON.")
 
 
 def _store(database: str | None) -> Any:

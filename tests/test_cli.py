@@ -283,9 +283,12 @@ def test_unknown_session_is_an_error_not_a_new_session(tmp_path: Path) -> None:
         assert _session_rows(db) == 0
     # --new creates it explicitly, and then refuses to create it twice
     r = _run(["ask", "--session", "mine", "--new", "--engine", "torch", "--max-tokens", "4",
-              "hi"], db)
+              "--system", "You are terse.", "hi"], db)
     assert r.returncode == 0, r.stderr[-2000:]
     assert _session_rows(db) == 1
+    with sqlite3.connect(db) as conn:  # ask --system: the new session's system prompt
+        assert conn.execute("SELECT system_prompt FROM sessions").fetchone()[0] == \
+            "You are terse."
     r = _run(["ask", "--session", "mine", "--new", *absent, "hi"], db)
     assert r.returncode == 2 and _error_lines(r) == [
         "error: --session 'mine' already exists; drop --new to continue it"]
@@ -294,6 +297,9 @@ def test_unknown_session_is_an_error_not_a_new_session(tmp_path: Path) -> None:
     _one_line_error(_run(["ask", "--new", *absent, "hi"], db), "--new creates the session")
     _one_line_error(_run(["chat", "--session", "mine", "--system", "Be terse.", *absent], db,
                          stdin="/quit\n"), "session 'mine' has its own")
+    # its own system prompt again is no conflict: the model's error comes next
+    r = _run(["ask", "--session", "mine", "--system", "You are terse.", *absent, "hi"], db)
+    assert r.returncode == 2 and "/no/such/model" in _error_lines(r)[0], r.stderr[-2000:]
     # the same model with a session that exists: now the model's own error
     r = _run(["ask", "--session", "mine", *absent, "hi"], db)
     assert r.returncode == 2 and "/no/such/model" in _error_lines(r)[0], r.stderr[-2000:]
