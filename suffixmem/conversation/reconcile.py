@@ -25,7 +25,9 @@ manager keeps one copy (SQL) and decides what the call means:
   history by the window would lose what a memory over this session keeps (a LlamaIndex chat
   store's whole conversation).
 - **rewritten**: anything else (an edited or truncated history, another system prompt); the
-  stored history is replaced by what was sent, atomically with the turn.
+  stored history is replaced by what was sent, atomically with the turn. Under another system
+  prompt, a window over the stored history (a RAG chat engine's passages over a memory's
+  window) replaces the system prompt only: the history stays whole, as for **windowed**.
 - **stateless**: ``session_id=None``; nothing is stored (see ``anon_key``).
 
 A leading ``system`` message is the session's system prompt (a stored one too, as a framework's
@@ -54,8 +56,9 @@ HistoryKind = Literal["new", "appended", "windowed", "rewritten", "stateless"]
 class Reconciled:
     """``history`` (rendered before the tail, stored ids attached) and ``tail`` (answered now);
     ``to_store`` is what the turn commits before the reply; ``replace`` says whether it replaces
-    the stored history; ``dropped`` (``windowed``): how many of the oldest stored messages the
-    window leaves out of the prompt (``history`` holds them: the layout starts after them)."""
+    the stored history; ``dropped``: how many of the oldest stored messages a window (a
+    ``windowed`` call, or one ``rewritten`` under another system prompt) leaves out of the
+    prompt (``history`` holds them: the layout starts after them)."""
 
     kind: HistoryKind
     system_prompt: str | None
@@ -67,11 +70,11 @@ class Reconciled:
 
     def window_start(self, stored: int) -> int:
         """Where the prompt starts in the history, given the session's stored ``window_start``
-        (its layout's evictions): a windowed call's own window (the model reads what was sent;
-        the layout evicts further only if it must); 0 for a replaced history."""
-        if self.replace:
-            return 0
-        return self.dropped if self.kind == "windowed" else stored
+        (its layout's evictions): a window's own start (the model reads what was sent; the
+        layout evicts further only if it must); 0 for another replaced history."""
+        if self.dropped:
+            return self.dropped
+        return 0 if self.replace else stored
 
 
 def check_messages(messages: object, max_chars: int) -> tuple[Message, ...]:
@@ -157,11 +160,17 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
         if continue_single:
             return Reconciled("appended", sp, tuple(stored), tuple(tail), tuple(tail), False)
         return Reconciled("stateless", sp, (), tuple(tail), (), False)
-    d = _dropped(conv, stored) if sp == stored_system else 0
-    if d:  # a window: appended to the whole stored history, read from the window on
+    d = _dropped(conv, stored)
+    if d:  # a window: the whole stored history, then the new messages; read from the window on
         merged = (*stored, *conv[n - d:])
-        return Reconciled("windowed", sp, merged[:d + len(before)], tuple(tail),
-                          tuple(conv[n - d:]), False, d)
+        if sp == stored_system:
+            return Reconciled("windowed", sp, merged[:d + len(before)], tuple(tail),
+                              tuple(conv[n - d:]), False, d)
+        # the same window under another system prompt (a RAG chat engine writes each turn's
+        # passages into it, over a memory's window): the system prompt is replaced, the
+        # history kept whole
+        return Reconciled("rewritten", sp, merged[:d + len(before)], tuple(tail), merged, True,
+                          d)
     # an edited history, or the same one under another system prompt (a RAG chat engine writes
     # each turn's passages into it): where the sent message still matches at its place, the
     # stored one comes back with its generated ids, so the prompt holds the tokens the model

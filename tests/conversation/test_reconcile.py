@@ -80,10 +80,13 @@ def test_other_rewrites_are_not_a_window() -> None:
     four = Message("user", "four?")
     edited = [*map(plain, STORED[2:4]), Message("user", "THREE?"), plain(STORED[5]), four]
     assert reconcile(sent(*edited), STORED, SYSTEM, None).dropped == 0
-    # another system prompt (passages retrieved for this turn): never a window
+    # another system prompt (passages retrieved for this turn) over a window: the system
+    # prompt is replaced, the history kept whole (a memory over the session keeps it all)
     other = reconcile(sent(*map(plain, STORED[2:]), four, system="Context: x."), STORED,
                       SYSTEM, None)
-    assert other.replace and other.dropped == 0
+    assert other.kind == "rewritten" and other.replace and other.dropped == 2
+    assert other.system_prompt == "Context: x." and other.window_start(0) == 2
+    assert other.history == tuple(STORED) and other.to_store == (*STORED, four)
     # a window must start at a user message
     assert reconcile(sent(*map(plain, STORED[3:]), four), STORED, SYSTEM, None).dropped == 0
 

@@ -35,14 +35,15 @@ QUESTIONS = ("What is the staff lift code of the Eiffel Tower?", "And how tall i
 
 
 class Scripted(BaseRetriever):
-    """The passages of ``RETRIEVED``, turn by turn."""
+    """The passages of ``retrieved`` (``RETRIEVED``), turn by turn."""
 
-    def __init__(self) -> None:
+    def __init__(self, retrieved: tuple[tuple[str, ...], ...] = RETRIEVED) -> None:
         super().__init__()
         self.turn = 0
+        self.retrieved = retrieved
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        names = RETRIEVED[min(self.turn, len(RETRIEVED) - 1)]
+        names = self.retrieved[min(self.turn, len(self.retrieved) - 1)]
         self.turn += 1
         return [NodeWithScore(node=TextNode(text=PASSAGES[n]), score=1.0) for n in names]
 
@@ -77,26 +78,35 @@ def test_condense_plus_context_reuses_moved_passages_with_rag_reuse(
     assert exact[2]["cached_tokens"] >= exact[1]["prompt_tokens"] - 32, exact
 
 
-@pytest.mark.parametrize("kind", ["context", "condense_plus_context"])
+@pytest.mark.parametrize(("kind", "token_limit"), [
+    ("context", 1500), ("condense_plus_context", 1500), ("condense_plus_context", 40)])
 def test_rag_chat_engines_over_our_chat_store_store_each_turn_once(
-        torch_engine: Any, database_url: str, kind: str) -> None:
+        torch_engine: Any, database_url: str, kind: str, token_limit: int) -> None:
     """``ContextChatEngine`` and ``CondensePlusContextChatEngine`` (condensing on, its
     default) put a fresh copy of the question and the reply into memory after the LLM stored
-    the turn: each exchange is stored once, and the model reads the history once."""
+    the turn: each exchange is stored once, and the model reads the history once. A memory
+    window that drops the oldest exchanges (a small ``token_limit``) under this turn's
+    passages keeps the whole conversation in the store (it was replaced by the window)."""
     from llama_index.core.chat_engine import ContextChatEngine
     from llama_index.storage.chat_store.suffixmem import SuffixMemChatStore
 
-    session = f"rag-store-{kind}"
+    session = f"rag-store-{kind}-{token_limit}"
     llm = SuffixMemLLM(**TORCH_PARAMS, session_id=session, database_url=database_url,
                        max_tokens=8, temperature=0.0)
     memory = ChatMemoryBuffer.from_defaults(
-        token_limit=1500, chat_store_key=session,
+        token_limit=token_limit, chat_store_key=session,
         chat_store=SuffixMemChatStore(database_url, manager=llm.get_manager()))
     engine_class = ContextChatEngine if kind == "context" else CondensePlusContextChatEngine
-    chat = engine_class.from_defaults(retriever=Scripted(), llm=llm, memory=memory)
-    for question in QUESTIONS:
+    questions, retrieved = QUESTIONS, RETRIEVED
+    if token_limit < 1500:  # turns 4-5 get a window, each under passages of its own
+        questions = (*QUESTIONS, "Where is the reef?", "How high is Fuji?")
+        retrieved = (*RETRIEVED, ("reef",), ("fuji", "reef"))
+    chat = engine_class.from_defaults(retriever=Scripted(retrieved), llm=llm, memory=memory)
+    for question in questions:
         assert str(chat.chat(question)).strip()
     stored = llm.get_manager().history(session)
-    assert [m.role for m in stored] == ["user", "assistant"] * len(QUESTIONS), stored
-    assert [m.content for m in stored if m.role == "user"] == list(QUESTIONS)
-    assert len(memory.get_all()) == 2 * len(QUESTIONS)
+    assert [m.role for m in stored] == ["user", "assistant"] * len(questions), stored
+    assert [m.content for m in stored if m.role == "user"] == list(questions)
+    assert len(memory.get_all()) == 2 * len(questions)
+    if token_limit < 1500:  # the window the last turns were sent did drop exchanges
+        assert 0 < len(memory.get()) < 2 * len(questions)
