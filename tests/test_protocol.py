@@ -19,6 +19,7 @@ from suffixmem.errors import InvalidRequestError
         ({"max_tokens": -3}, "max_tokens"),
         ({"max_tokens": 1.5}, "max_tokens"),
         ({"temperature": -0.1}, "temperature"),
+        ({"temperature": 2.5}, r"temperature must be in \[0, 2\]"),  # vLLM's range too
         ({"top_p": 0.0}, "top_p"),
         ({"top_k": 0}, "top_k"),
         ({"stop": ("",)}, "stop"),

@@ -104,7 +104,8 @@ class SamplingParams:
                 raise InvalidRequestError(f"stop sequences must be non-empty strings: {s!r}")
             check_text("stop", s)
         object.__setattr__(self, "stop", stop)
-        temperature = real_number("temperature", self.temperature, 0.0, 5.0)
+        # OpenAI's range, and vLLM's: one range on every engine and surface
+        temperature = real_number("temperature", self.temperature, 0.0, 2.0)
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", real_number("top_p", self.top_p, 0.0, 1.0))
         if self.top_p == 0.0:

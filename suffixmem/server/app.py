@@ -8,8 +8,10 @@ The web chat page is served from the package's ``static/`` folder at ``/``.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from importlib.resources import files
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,11 +27,30 @@ from suffixmem.server.protocol import ChatCompletionRequest, ErrorResponse
 from suffixmem.server.serving import SESSION_HEADER, ChatService, ServerConfig, namespace
 
 STATIC = files("suffixmem.server") / "static"
+# what a session id echoed in a header keeps as is: printable ASCII but the space and "%"
+HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
 def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(ErrorResponse(error=err.body).model_dump(), status_code=err.status,
                         headers=err.headers)
+
+
+class KeyCheck:
+    """401 for an ``/v1/`` request without a valid key before anything reads its body: an
+    unauthenticated caller learns nothing of the body's rules or size limit (OpenAI's order)."""
+
+    def __init__(self, app: ASGIApp, check: Callable[[Request], str]) -> None:
+        self.app, self.check = app, check
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            try:
+                self.check(Request(scope))
+            except APIError as e:
+                await error_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:
@@ -137,12 +158,12 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
         ns = ns_of(request)
         if x_session_id is not None:
             client_id, field = x_session_id, SESSION_HEADER
-        elif body.prompt_cache_key is not None:
+        else:  # ``user`` (one per end user, not per conversation) names no session
             client_id, field = body.prompt_cache_key, "prompt_cache_key"
-        else:
-            client_id, field = body.user, "user"
         sid = service.session_id(ns, client_id, field)
-        headers = {SESSION_HEADER: client_id} if client_id is not None else {}
+        # an HTTP header carries Latin-1 only: the echo is percent-encoded (UTF-8) where the id
+        # holds more, and built before the turn, so it cannot fail after the turn was stored
+        headers = {SESSION_HEADER: quote(client_id, safe=HEADER_SAFE)} if client_id else {}
         if body.stream:
             lines = await service.stream(body, sid, client_id, ns)
             return StreamingResponse(lines, media_type="text/event-stream",
@@ -156,11 +177,12 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
     async def list_sessions(request: Request) -> dict[str, Any]:
         return await service.list_sessions(ns_of(request))
 
-    @app.get("/v1/sessions/{session_id}")
+    # ``:path``: an id may hold a "/" (sent as %2F), as a header or prompt_cache_key may
+    @app.get("/v1/sessions/{session_id:path}")
     async def get_session(session_id: str, request: Request) -> dict[str, Any]:
         return await service.get_session(ns_of(request), session_id)
 
-    @app.delete("/v1/sessions/{session_id}")
+    @app.delete("/v1/sessions/{session_id:path}")
     async def delete_session(session_id: str, request: Request) -> dict[str, Any]:
         return await service.delete_session(ns_of(request), session_id)
 
@@ -170,4 +192,6 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
 
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_middleware(BodyLimit, limit=service.config.max_body_bytes)
+    if keys:  # added last, so it runs first
+        app.add_middleware(KeyCheck, check=ns_of)
     return app

@@ -51,10 +51,12 @@ class ResponseFormat(_Lenient):
 
 
 class ChatCompletionRequest(_Lenient):
-    """``POST /v1/chat/completions``. ``prompt_cache_key`` and ``user`` name the session when
-    no ``X-Session-ID`` header does; ``top_k`` and ``ignore_eos`` are vLLM's extensions.
-    ``logprobs``, ``top_logprobs``, the penalties and ``logit_bias`` are read only to refuse
-    what the engines cannot do (``ChatService``), never silently dropped."""
+    """``POST /v1/chat/completions``. ``prompt_cache_key`` names the session when no
+    ``X-Session-ID`` header does (``user``, OpenAI's end-user id, names none); ``top_k`` and
+    ``ignore_eos`` are vLLM's extensions. ``logprobs``, ``top_logprobs``, the penalties,
+    ``logit_bias``, ``modalities``, ``audio`` and ``prediction`` are read only to refuse what
+    the engines cannot do (``ChatService``), never silently dropped; fields OpenAI does not
+    define are ignored, as vLLM's server ignores them."""
 
     model: StrictStr | None = None
     messages: list[ChatMessage]
@@ -82,6 +84,9 @@ class ChatCompletionRequest(_Lenient):
     frequency_penalty: StrictFloat | None = None
     presence_penalty: StrictFloat | None = None
     logit_bias: dict[str, Any] | None = None
+    modalities: list[StrictStr] | None = None
+    audio: Any = None
+    prediction: Any = None
 
 
 class PromptTokensDetails(BaseModel):

@@ -4,12 +4,15 @@
 through the manager (``astream_complete``), so sessions, the semantic
 temperature, prompt layout and atomic commits are the library's, not the server's.
 
-**Sessions.** The session is named by the ``X-Session-ID`` header, else ``prompt_cache_key``,
-else ``user``; without any the request is stateless (nothing stored). With a session the client
-may send either
+**Sessions.** The session is named by the ``X-Session-ID`` header, else ``prompt_cache_key``;
+without either the request is stateless (nothing stored). ``user`` is OpenAI's end-user id, the
+same for all of a user's conversations, so it names no session (their conversations would read
+as one). The response echoes the id in ``X-Session-ID``, percent-encoded (UTF-8) where it holds
+characters a header cannot carry. With a session the client may send either
 
 - the whole conversation, OpenAI style: reconciled with the stored history (appended when the
-  stored history is a prefix of it, otherwise replaced atomically with the turn); or
+  stored history is a prefix of it, appended and read from the window when it is the stored
+  history less its oldest exchanges, otherwise replaced atomically with the turn); or
 - only the new message: a request holding exactly one user message (optionally after the
   session's own system prompt) continues a session that already has history (the manager's
   reconciliation reads it so for every surface). To start such a session over,
@@ -225,6 +228,11 @@ class ChatService:
                 raise invalid_value(f"{field} is not supported (only 0)", field)
         if req.logit_bias:
             raise invalid_value("logit_bias is not supported", "logit_bias")
+        if req.audio is not None or any(m != "text" for m in req.modalities or ()):
+            field = "audio" if req.audio is not None else "modalities"
+            raise invalid_value(f"{field}: only text output is supported", field)
+        if req.prediction is not None:
+            raise invalid_value("prediction (predicted outputs) is not supported", "prediction")
         if req.model is not None and req.model not in (self.model_name,
                                                        *self.config.extra_model_names):
             raise APIError(404, f"model {req.model!r} is not served here; see /v1/models",
@@ -256,6 +264,8 @@ class ChatService:
             raise invalid_value("messages must not be empty", "messages")
         names: dict[str, str] = {}
         msgs = [Message(m.role, _text(i, m, names)) for i, m in enumerate(req.messages)]
+        if msgs[0].role == "system" and not msgs[0].content.strip():
+            msgs = msgs[1:]  # an app with no instructions sends one empty: OpenAI reads none
         sampling = self._sampling(req)
         schema = "json_schema" in sampling and sampling["json_schema"] is not None
         if tools is not None:

@@ -70,6 +70,12 @@ USER = [{"role": "user", "content": "hi"}]
     ({"messages": USER, "logprobs": True}, "logprobs", "not supported"),
     ({"messages": USER, "frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
     ({"messages": USER, "logit_bias": {"50256": -100}}, "logit_bias", "not supported"),
+    ({"messages": USER, "modalities": ["text", "audio"]}, "modalities", "only text"),
+    ({"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}, "audio", "only text"),
+    ({"messages": USER, "prediction": {"type": "content", "content": "x"}}, "prediction",
+     "not supported"),
+    # one range on every engine, OpenAI's (vLLM refused 2-5 with its own message, no param)
+    ({"messages": USER, "temperature": 3}, "temperature", "[0, 2]"),
 ])
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_input_is_400(server: Server, body: dict, param: str | None, word: str,
@@ -87,6 +93,11 @@ def test_bad_input_is_400(server: Server, body: dict, param: str | None, word: s
 def test_other_statuses(server: Server) -> None:
     e = error_of(post(server, {"messages": USER}, {"Authorization": "Bearer nope"}), 401)
     assert e["code"] == "invalid_api_key"
+    # the key is checked before the body is read: no key, bad JSON or a body too large: 401
+    for raw in (b"{not json", json.dumps({"messages": [{"role": "user", "content": "a" * 70_000}]
+                                          }).encode()):
+        e = error_of(post(server, None, {"Authorization": ""}, raw=raw), 401)
+        assert e["code"] == "invalid_api_key"
     error_of(httpx.get(server.url + "/v1/models"), 401)
     e = error_of(post(server, {"model": "gpt-4o", "messages": USER}), 404)
     assert e["param"] == "model" and e["code"] == "model_not_found"
@@ -202,3 +213,44 @@ def test_a_resent_agent_history_keeps_its_tool_calls(server: Server) -> None:
         ("user", "What is 6*7?"),
         ("assistant", '{"arguments": {"a": 6, "b": 7}, "name": "mul"}'),
         ("tool", '{"tool": "mul", "result": "42"}')]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_any_session_id_is_echoed_stored_once_and_reachable(server: Server, stream: bool) -> None:
+    """A ``prompt_cache_key`` a header cannot carry (``é``, ``日本語``, an emoji) or one with a
+    "/": the turn answers 200 and is stored once, the echoed ``X-Session-ID`` is
+    percent-encoded, the request's slot is given back, and the session can be read and
+    deleted. (The echo failed after the turn: a 400 for a stored turn, and a streamed one kept
+    its slot for good, so ``--max-pending`` of them answered every client 429.)"""
+    from urllib.parse import quote, unquote
+
+    for key in (f"café ☕ 日本語 {stream}", f"team/a/{stream}"):
+        r = post(server, {"messages": USER, "max_tokens": 2, "stream": stream,
+                          "prompt_cache_key": key})
+        assert r.status_code == 200, r.text
+        assert unquote(r.headers["X-Session-ID"]) == key
+        assert r.headers["X-Session-ID"].isascii()
+        sid = quote(key, safe="")
+        got = httpx.get(f"{server.url}/v1/sessions/{sid}", headers=AUTH)
+        assert got.status_code == 200, got.text
+        assert [m["role"] for m in got.json()["messages"]] == ["user", "assistant"]
+        assert httpx.delete(f"{server.url}/v1/sessions/{sid}", headers=AUTH).status_code == 200
+    assert httpx.get(server.url + "/health").json()["pending"] == 0
+
+
+def test_user_names_no_session_and_an_empty_system_message_reads_as_none(server: Server
+                                                                         ) -> None:
+    """OpenAI's ``user`` is one end user's id across all their conversations: it names no
+    session (a new conversation continued the last one). An empty system message is no
+    system message, as OpenAI reads it."""
+    before = len(server.manager.list_sessions())  # type: ignore[attr-defined]
+    for text in ("My code is 4417.", "Hello, who are you?"):
+        r = post(server, {"messages": [{"role": "user", "content": text}], "max_tokens": 2,
+                          "user": "end-user-7"})
+        assert r.status_code == 200, r.text
+        assert r.json()["suffixmem"]["history"] == "stateless"
+        assert "X-Session-ID" not in r.headers
+    assert len(server.manager.list_sessions()) == before  # type: ignore[attr-defined]
+    r = post(server, {"messages": [{"role": "system", "content": ""}, *USER], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+

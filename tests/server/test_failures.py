@@ -31,7 +31,7 @@ from tests.server.conftest import start
 @pytest.mark.parametrize(("exc", "status", "code"), [
     (UnknownSessionError("s"), 404, "session_not_found"),
     (ContextWindowError(5000, 4096), 400, "context_length_exceeded"),
-    (InvalidRequestError("temperature must be in [0, 5], got 9"), 400, "invalid_value"),
+    (InvalidRequestError("temperature must be in [0, 2], got 9"), 400, "invalid_value"),
     (SessionBusyError("busy"), 409, "session_busy"),
     (CapacityError("full"), 503, "unavailable"),
     (EngineClosedError("closed"), 503, "unavailable"),

@@ -90,7 +90,7 @@ def test_async_client_and_stateless(server: Server) -> None:
         for text in ("Say hello.", "Say goodbye."):
             r = await c.chat.completions.create(
                 model=server.model, messages=[{"role": "user", "content": text}],
-                max_tokens=8, temperature=0, user=sid)
+                max_tokens=8, temperature=0, extra_body={"prompt_cache_key": sid})
             cached.append(r.usage.prompt_tokens_details.cached_tokens)
         # two sessions at once stream independently
         a, b = await asyncio.gather(*(c.chat.completions.create(
