@@ -8,7 +8,7 @@ The web chat page is served from the package's ``static/`` folder at ``/``.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib.resources import files
 from typing import Any
 from urllib.parse import quote
@@ -34,6 +34,21 @@ HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(ErrorResponse(error=err.body).model_dump(), status_code=err.status,
                         headers=err.headers)
+
+
+class ReleasingStream(StreamingResponse):
+    """A stream that awaits ``release`` when it ends, however it ends: a client gone before
+    the first line leaves the lines never iterated, and their own ``finally`` never runs."""
+
+    def __init__(self, content: Any, release: Callable[[], Awaitable[None]], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.release()
 
 
 class KeyCheck:
@@ -165,9 +180,9 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
         # holds more, and built before the turn, so it cannot fail after the turn was stored
         headers = {SESSION_HEADER: quote(client_id, safe=HEADER_SAFE)} if client_id else {}
         if body.stream:
-            lines = await service.stream(body, sid, client_id, ns)
-            return StreamingResponse(lines, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", **headers})
+            lines, release = await service.stream(body, sid, client_id, ns)
+            return ReleasingStream(lines, release, media_type="text/event-stream",
+                                   headers={"Cache-Control": "no-cache", **headers})
         result = await service.complete(body, sid, client_id, request.is_disconnected, ns)
         if result is None:  # the client left; nginx's 499, for the access log only
             return Response(status_code=499)

@@ -53,7 +53,6 @@ from suffixmem.server.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatMessage,
     Choice,
     ChunkChoice,
     Delta,
@@ -64,8 +63,7 @@ from suffixmem.server.protocol import (
     Usage,
 )
 from suffixmem.server.tools import Reply as ToolReply
-from suffixmem.server.tools import Tools, read_reply, read_tools
-from suffixmem.tool_calls import render_calls, render_result
+from suffixmem.server.tools import Tools, message_text, read_reply, read_tools
 
 SESSION_HEADER = "X-Session-ID"
 
@@ -97,45 +95,6 @@ def namespace(api_key: str | None) -> str:
     if api_key is None:
         return ""
     return "k" + hashlib.sha256(api_key.encode()).hexdigest()[:16] + "."
-
-
-def _text(i: int, m: ChatMessage, names: dict[str, str]) -> str:
-    """What the model reads for message ``i``: its text; an assistant's ``tool_calls`` and a
-    ``tool`` result rendered as the adapters render them (``suffixmem.tool_calls``), so a
-    resent agent history is not stored as an empty reply and a bare result. ``names``: tool
-    call ids seen so far -> function names (a result names its call by id only)."""
-    if m.content is None:
-        text = ""
-    elif isinstance(m.content, str):
-        text = m.content
-    else:
-        parts = []
-        for j, p in enumerate(m.content):
-            if p.type != "text" or p.text is None:
-                raise invalid_value(f"messages[{i}].content[{j}]: only text parts are "
-                                    "supported", f"messages[{i}].content")
-            parts.append(p.text)
-        text = "".join(parts)
-    if m.role == "tool":
-        return render_result(text, m.name or names.get(m.tool_call_id or ""))
-    if m.role != "assistant" or not m.tool_calls:
-        return text
-    calls = []
-    for j, call in enumerate(m.tool_calls):
-        fn = call.get("function") if isinstance(call, dict) else None
-        try:
-            name, args = fn["name"], json.loads(fn.get("arguments") or "{}")  # type: ignore[index]
-            if not isinstance(name, str) or not isinstance(args, dict):
-                raise TypeError
-        except (TypeError, KeyError, ValueError):
-            raise invalid_value(f"messages[{i}].tool_calls[{j}] is not a function call with a "
-                                "name and JSON object arguments",
-                                f"messages[{i}].tool_calls") from None
-        if isinstance(call.get("id"), str):
-            names[call["id"]] = name
-        calls.append((name, args))
-    rendered = render_calls(calls)
-    return f"{text}\n{rendered}" if text else rendered
 
 
 class ChatService:
@@ -263,7 +222,7 @@ class ChatService:
         if not req.messages:
             raise invalid_value("messages must not be empty", "messages")
         names: dict[str, str] = {}
-        msgs = [Message(m.role, _text(i, m, names)) for i, m in enumerate(req.messages)]
+        msgs = [Message(m.role, message_text(i, m, names)) for i, m in enumerate(req.messages)]
         if msgs[0].role == "system" and not msgs[0].content.strip():
             msgs = msgs[1:]  # an app with no instructions sends one empty: OpenAI reads none
         sampling = self._sampling(req)
@@ -322,27 +281,41 @@ class ChatService:
             usage=_usage(turn), suffixmem=_info(turn, client_id))
 
     async def stream(self, req: ChatCompletionRequest, sid: str | None, client_id: str | None,
-                     ns: str = "") -> AsyncIterator[str]:
-        """Admit and validate now (errors become an HTTP status), then the SSE lines."""
+                     ns: str = "") -> tuple[AsyncIterator[str], Callable[[], Awaitable[None]]]:
+        """Admit and validate now (errors become an HTTP status), then the SSE lines and
+        ``release``: the response must await it once it ends, however it ends (it gives back
+        the request's slot and aborts the turn once; a stream never iterated, its client gone
+        before the first line, has no ``finally`` of its own to run)."""
         tools = read_tools(req.tools, req.tool_choice)
         self._admit()
         events = None
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            self.pending -= 1
+            if events is not None:
+                # the client may be gone: the cancellation that said so must not cancel the abort
+                with anyio.CancelScope(shield=True):
+                    await events.aclose()
+
         try:
             events = await self._events(req, sid, ns, tools)
             # the manager validates on the first step: wait for it so bad input is a 400
             first = await anext(events)
         except BaseException as e:
-            self.pending -= 1
-            if events is not None:
-                with anyio.CancelScope(shield=True):
-                    await events.aclose()
+            await release()
             if isinstance(e, StopAsyncIteration | Exception):
                 raise to_api_error(e) from e
             raise
-        return self._sse(first, events, req, client_id, tools)
+        return self._sse(first, events, req, client_id, release, tools), release
 
     async def _sse(self, first: TokenEvent | TurnResult, events: Any,
                    req: ChatCompletionRequest, client_id: str | None,
+                   release: Callable[[], Awaitable[None]],
                    tools: Tools | None = None) -> AsyncIterator[str]:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         usage = req.stream_options is not None and req.stream_options.include_usage
@@ -376,10 +349,7 @@ class ChatService:
             err = to_api_error(e)
             yield f"data: {json.dumps({'error': err.body.model_dump()})}\n\n"
         finally:
-            self.pending -= 1
-            # the client may be gone: the cancellation that said so must not cancel the abort
-            with anyio.CancelScope(shield=True):
-                await events.aclose()
+            await release()
         yield "data: [DONE]\n\n"
 
 

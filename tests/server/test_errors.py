@@ -254,3 +254,39 @@ def test_user_names_no_session_and_an_empty_system_message_reads_as_none(server:
     r = post(server, {"messages": [{"role": "system", "content": ""}, *USER], "max_tokens": 2})
     assert r.status_code == 200, r.text
 
+
+
+def test_a_stream_whose_client_left_before_its_first_line_gives_its_slot_back(
+        server: Server) -> None:
+    """The client is gone before the response's first line: the SSE lines are never iterated,
+    so their own ``finally`` never runs; the response releases the request's slot and aborts
+    the turn anyway, and the session's next request works and finds nothing stored."""
+    import asyncio
+
+    from suffixmem.server.app import ReleasingStream
+    from suffixmem.server.protocol import ChatCompletionRequest
+    from suffixmem.server.serving import namespace
+
+    service = server.app.state.service  # type: ignore[attr-defined]
+    cid = f"gone-{uuid.uuid4().hex[:6]}"
+    sid = service.session_id(namespace(KEY_A), cid, "X-Session-ID")
+    req = ChatCompletionRequest.model_validate(
+        {"messages": USER, "stream": True, "max_tokens": 4})
+
+    async def gone(_: object) -> None:
+        raise OSError("the client went away")
+
+    async def disconnect() -> dict[str, str]:
+        return {"type": "http.disconnect"}
+
+    async def run() -> None:
+        lines, release = await service.stream(req, sid, cid)
+        response = ReleasingStream(lines, release, media_type="text/event-stream")
+        with pytest.raises(Exception):  # noqa: B017 - Starlette's ClientDisconnect
+            await response({"type": "http", "asgi": {"spec_version": "2.4"}}, disconnect, gone)
+
+    asyncio.run(run())
+    assert httpx.get(server.url + "/health").json()["pending"] == 0
+    r = post(server, {"messages": USER, "max_tokens": 2}, {"X-Session-ID": cid})
+    assert r.status_code == 200, r.text
+    assert r.json()["suffixmem"]["history"] == "new"  # the abandoned turn stored nothing
