@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from suffixmem.engine.checks import MAX_TEMPERATURE
 from suffixmem.errors import ConfigError, InvalidRequestError
 
 # fallbacks for a model that recommends nothing (transformers' own default is 1.0, which small
@@ -34,13 +35,13 @@ START_TEMPERATURE = 0.8
 JUMP_TEMPERATURE = 0.3
 COLD_RATIO = 0.0  # cold = hot * COLD_RATIO: greedy, see the module docstring
 RECOVERY_TURNS = 4  # on-topic turns to warm from cold back to hot
-MAX_TEMPERATURE = 5.0
 
 
 @dataclass(slots=True, frozen=True)
 class SemanticTemperature:
     """``start`` (hot) while a topic holds, ``jump`` (cold) on a jump and on a session's first
-    turn, then ``+recovery`` per on-topic turn back up to ``start``. Temperatures in [0, 5]."""
+    turn, then ``+recovery`` per on-topic turn back up to ``start``. Temperatures in [0, 2]
+    (``MAX_TEMPERATURE``, the sampling range)."""
 
     start: float = START_TEMPERATURE
     jump: float = JUMP_TEMPERATURE
@@ -120,7 +121,7 @@ class SemanticTemperature:
 def check_range(scheme: SemanticTemperature, hot: float | None, cold: float | None,
                 ) -> tuple[float, float]:
     """(hot, cold) for a session, None meaning ``scheme``'s own; ``InvalidRequestError``
-    naming the field for a non-number, a value outside [0, 5] or a cold above the hot."""
+    naming the field for a non-number, a value outside [0, 2] or a cold above the hot."""
     out = []
     for name, v, default in (("temperature_hot", hot, scheme.start),
                              ("temperature_cold", cold, scheme.jump)):

@@ -9,6 +9,9 @@ from __future__ import annotations
 from suffixmem.errors import InvalidRequestError
 
 MAX_SEED = 2**63 - 1
+# OpenAI's range, and vLLM's: one range on every engine and surface (a session's semantic
+# temperature range too, or a range above it would fail every turn)
+MAX_TEMPERATURE = 2.0
 MAX_SESSION_KEY_CHARS = 256
 
 

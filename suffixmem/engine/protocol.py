@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from suffixmem.engine.async_stream import aiter_events  # noqa: F401  (its home before)
 from suffixmem.engine.checks import (
     MAX_SEED,
+    MAX_TEMPERATURE,
     check_session_key,
     check_text,
     integer,
@@ -104,8 +105,7 @@ class SamplingParams:
                 raise InvalidRequestError(f"stop sequences must be non-empty strings: {s!r}")
             check_text("stop", s)
         object.__setattr__(self, "stop", stop)
-        # OpenAI's range, and vLLM's: one range on every engine and surface
-        temperature = real_number("temperature", self.temperature, 0.0, 2.0)
+        temperature = real_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", real_number("top_p", self.top_p, 0.0, 1.0))
         if self.top_p == 0.0:

@@ -146,6 +146,9 @@ def test_session_temperature_range_and_per_call_override(manager: ConversationMa
         manager.set_temperature_range("range", hot=0.3, cold=0.5)
     with pytest.raises(InvalidRequestError, match="temperature_hot"):
         manager.set_temperature_range("range", hot=-1.0)
+    # above the sampling range (OpenAI's and vLLM's [0, 2]) every turn would fail
+    with pytest.raises(InvalidRequestError, match=r"temperature_hot must be a number in \[0, 2\]"):
+        manager.set_temperature_range("range", hot=3.0)
     assert manager.get_session("range").temperature_hot is None  # a refused range lost nothing
     info = manager.set_temperature_range("range", hot=0.6, cold=0.2)
     # stored with the session; its current temperature (greedy) moved up into the range
