@@ -204,8 +204,9 @@ class CacheStableLayout(_Base):
         self._check(message, budget)
         static = self._static(system_prompt)
         starts = turn_starts(history)
-        # the stored window start, snapped to a turn boundary (history may have been edited)
-        w = next((s for s in starts if s >= window_start), len(history))
+        # the stored window start: a turn boundary (this layout's evictions) or where an
+        # application's window began, which may be a reply (a replaced history starts at 0)
+        w = min(window_start, len(history))
         ids, msgs = self._assemble(engine, static, history[w:], message, context)
         if len(ids) <= budget:
             return self._finish(engine, static, ids, msgs, context, w, 0, budget)

@@ -17,7 +17,7 @@ manager keeps one copy (SQL) and decides what the call means:
   checkpoint) or makes a helper call under the thread's config (a title, a condensed
   question); the model must read what was sent, as with any OpenAI-style model, and neither
   reading the stored history into it nor replacing that history is what the app meant.
-- **windowed**: what was sent is the stored history less its oldest exchanges, then new
+- **windowed**: what was sent is the stored history less its oldest messages, then new
   messages (the application's sliding window: LangChain's ``trim_messages``, LlamaIndex's
   ``ChatMemoryBuffer`` token limit). The stored history stays whole and the new messages are
   appended, as for **appended**; the prompt starts where the window does (``dropped``: how
@@ -181,10 +181,11 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
 
 
 def _dropped(conv: Sequence[Message], stored: Sequence[Message]) -> int:
-    """The fewest oldest messages of ``stored`` whose removal leaves a prefix of ``conv``
-    starting at a user message (a window that dropped whole exchanges); 0 when none does."""
+    """The fewest oldest messages of ``stored`` whose removal leaves a prefix of ``conv`` (a
+    window; it may start with a reply: LangChain's ``trim_messages`` keeps the last messages
+    whatever their role by default); 0 when none does."""
     n = len(stored)
-    if not conv or conv[0].role != "user":
+    if not conv:
         return 0
     for d in range(1, n):
         if n - d <= len(conv) and _same(conv[0], stored[d]) and all(

@@ -164,3 +164,16 @@ def test_bad_input(renderer: TokenizerRenderer) -> None:
         CacheStableLayout(1.0)
     with pytest.raises(ConfigError):
         layout.build(renderer, SYSTEM, [], "hi", (), 0, 0)
+
+
+def test_a_window_that_starts_with_a_reply_is_rendered_from_it(renderer: TokenizerRenderer
+                                                               ) -> None:
+    """An application's window may begin with a reply (``trim_messages``' default): the prompt
+    starts exactly there, as sent, and the start stays put on the next turn."""
+    history = [Message("user", QUESTIONS[0]), _reply(renderer, 0),
+               Message("user", QUESTIONS[1]), _reply(renderer, 1)]
+    p = CacheStableLayout().build(renderer, SYSTEM, history, QUESTIONS[2], (), 1, 4096)
+    assert p.window_start == 1 and p.evicted_turns == 0
+    rendered = [m for m in p.messages if m.role != "system"]
+    assert [m.content for m in rendered] == [history[1].content, QUESTIONS[1],
+                                             history[3].content, QUESTIONS[2]]

@@ -87,8 +87,11 @@ def test_other_rewrites_are_not_a_window() -> None:
     assert other.kind == "rewritten" and other.replace and other.dropped == 2
     assert other.system_prompt == "Context: x." and other.window_start(0) == 2
     assert other.history == tuple(STORED) and other.to_store == (*STORED, four)
-    # a window must start at a user message
-    assert reconcile(sent(*map(plain, STORED[3:]), four), STORED, SYSTEM, None).dropped == 0
+    # a window may start with a reply (trim_messages keeps the last messages whatever their
+    # role): still a window, never a rewrite that would drop the stored history before it
+    r = reconcile(sent(*map(plain, STORED[3:]), four), STORED, SYSTEM, None)
+    assert r.kind == "windowed" and r.dropped == 3 and r.to_store == (four,)
+    assert r.history == tuple(STORED) and r.window_start(0) == 3
 
 
 def test_another_system_prompt_keeps_the_stored_ids() -> None:

@@ -47,3 +47,23 @@ def test_trim_messages_window_keeps_the_kept_turns_warm(torch_engine: Any,
     # a prefix cache alone would hit the system prompt only: the kept turns moved left
     system = len(torch_engine.render([Message("system", SYSTEM)], False))
     assert reply.usage_metadata["input_token_details"]["cache_read"] > system + 32
+
+
+def test_a_window_that_starts_with_a_reply_keeps_the_stored_history(
+        torch_engine: Any, database_url: str) -> None:
+    """``trim_messages`` keeps the last messages whatever their role by default, so a window
+    may begin with a reply: it is still a window (the stored history stays whole, the model
+    reads the window), not a rewrite that replaced the session with it."""
+    chat = SuffixMemChatModel(**TORCH_PARAMS, database_url=database_url, max_tokens=8,
+                              temperature=0.0)
+    config = {"configurable": {"session_id": "lc-window-reply"}}
+    history: list[BaseMessage] = []
+    for q in BREAD[:3]:
+        history.append(HumanMessage(q))
+        history.append(chat.invoke(history, config=config))
+    kept = trim_messages(history, strategy="last", token_counter=len, max_tokens=3)
+    assert kept[0].type == "ai"  # the window starts with the first reply it kept
+    reply = chat.invoke([*kept, HumanMessage(BREAD[3])], config=config)
+    assert reply.response_metadata["history"] == "windowed"
+    stored = chat.get_manager().history("lc-window-reply")
+    assert [m.content for m in stored if m.role == "user"] == list(BREAD)
