@@ -132,6 +132,10 @@ class TurnPath:
             done = time.perf_counter()
             if alongside:
                 self._decide(plan, topic.run())  # usually finished during generation
+                if plan.verdict.jump and sid is not None:
+                    # now, under the session's lock: queued, it could land after the next
+                    # turn and forget that turn's sequence (its next window found no shift)
+                    self._release_engine(sid)
             messages, text = turn_messages(plan, result, self.engine, self.counter.count,
                                            counting.run())
             if sid is not None:
@@ -144,18 +148,15 @@ class TurnPath:
                 else:  # stored by the worker; this process's next read of sid waits for it
                     self._background.put(self.store.commit_later(sid, messages, event, **state))
                 self._versions[sid] = self._versions.get(sid, 0) + 1
-                self._bookkeep(sid, plan, result, text, release_engine=alongside)
+                self._bookkeep(sid, plan, result, text)
             overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)
             turn = turn_result(plan, result, text, overhead)
         yield turn
 
-    def _bookkeep(self, sid: str, plan: Plan, result: Result, text: str,
-                  release_engine: bool) -> None:
+    def _bookkeep(self, sid: str, plan: Plan, result: Result, text: str) -> None:
         """Queue what the committed turn leaves to do; nothing here waits."""
         bg = self._background
         if plan.verdict.jump:
-            if release_engine:  # the verdict came after generation started
-                bg.submit(lambda: self._release_engine(sid), "release segments (engine)")
             # before this turn's segment log: the log then marks the new topic's segments
             bg.submit(lambda: self._release_store(sid), "release segments (store)")
         if self.config.record_segments and plan.prompt.segments:

@@ -150,3 +150,28 @@ def test_a_stateless_window_keeps_its_key_and_shifts(engine: Recorder, tmp_path:
         assert r.result.reused_segment_tokens > 32
     finally:
         mgr.close()
+
+
+def test_a_window_after_a_topic_jump_still_shifts(engine: Recorder, tmp_path: Path) -> None:
+    """A jump releases the session's cached state. With the temperature fixed, the verdict
+    comes after generation, and the release was queued: it could land after the next turn and
+    forget that turn's sequence, so the window after it found nothing to shift (0 cached
+    tokens). It now runs before the turn returns."""
+    settings = {**SETTINGS, "context_window": 2048, "detect_topics": True}
+    mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'j.db'}", ManagerConfig(**settings))
+    try:
+        msgs = [Message("system", SYSTEM)]
+        questions = [*QUESTIONS[:2], "By the way, unrelated question: how do I bake sourdough "
+                     "bread at home?", "How long should the sourdough dough rise?",
+                     "What temperature should the oven be for sourdough bread?"]
+        for q in questions[:4]:
+            r = mgr.complete("jw", [*msgs, Message("user", q)], temperature=0.0)
+            msgs += [Message("user", q), Message("assistant", r.text)]
+            if q.startswith("By the way"):
+                assert r.topic_jump
+        kept = [msgs[0], *msgs[5:]]  # the window: from the jump on
+        r = mgr.complete("jw", [*kept, Message("user", questions[4])], temperature=0.0)
+        assert r.history == "windowed"
+        assert r.result.reused_segment_tokens > 0 and r.cached_tokens > 0
+    finally:
+        mgr.close()
