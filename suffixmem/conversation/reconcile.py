@@ -146,8 +146,14 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
     sp = system if system is not None else stored_system
     conv = [*before, *tail]
     n = len(stored)
-    prefix = sp == stored_system and n <= len(conv) and all(
-        _same(conv[i], stored[i]) for i in range(n))
+    held = n <= len(conv) and all(_same(conv[i], stored[i]) for i in range(n))
+    if held and sp != stored_system and stored_system is None and all(
+            m.role != "assistant" for m in stored):
+        # a history store wrote the question before the model's first reply (a LlamaIndex
+        # chat engine), into a session without a system prompt: the first turn sets it
+        merged = (*stored, *conv[n:])
+        return Reconciled("appended", sp, merged[:len(before)], tuple(tail), merged, True)
+    prefix = held and sp == stored_system
     if prefix:
         # matched assistant turns come back from SQL with their generated ids; messages already
         # stored (a framework's history store may hold the user message) are not stored twice

@@ -137,3 +137,16 @@ def test_a_tool_call_resent_in_canonical_form_matches_the_generated_one() -> Non
     other = [Message("user", "6*7?"), Message("assistant", canonical.replace("6", "7")),
              Message("tool", "42")]
     assert reconcile(other, stored, None, None).kind == "rewritten"
+
+
+def test_a_question_a_history_store_wrote_first_takes_the_first_turns_system_prompt() -> None:
+    """A LlamaIndex chat engine stores the question before it calls the model, into a session
+    without a system prompt; the call then sends its system prompt: the first turn, appended
+    (it read as a rewrite), setting the system prompt and storing the question once."""
+    four = Message("user", "four?")
+    r = reconcile(sent(four), [four], None, None)
+    assert r.kind == "appended" and r.system_prompt == SYSTEM and r.replace
+    assert r.to_store == (four,) and r.history == () and r.tail == (four,)
+    # once the session has a reply, another system prompt is a rewrite, as before
+    assert reconcile(sent(*map(plain, STORED), four), STORED, None, None).kind == "rewritten"
+
