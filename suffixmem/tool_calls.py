@@ -9,18 +9,21 @@ decoding, engines with ``supports_json_schema``) to one JSON object:
   that answer.
 
 ``reply_schema(tools, choice)`` builds that schema; ``parse_reply(text)`` reads a reply back
-(``Reply.calls`` or ``Reply.text``). The reply is stored in the session exactly as generated,
-and adapters resend it verbatim (kept in the framework message's metadata), so the next turn
-finds it in the cache. A tool call the model did not generate (a framework's few-shot history)
-is rendered by ``render_calls`` (one canonical JSON object per call, one per line), and a tool
-result by ``render_result`` (``{"tool": name, "result": text}``, or the bare text without a
-name); both are deterministic, so a resent history renders to the same tokens every time.
+(``Reply.calls`` or ``Reply.text``), and ``AnswerStream`` reads a plain answer's text while it
+is generated, so an agent's final answer streams as free text does. The reply is stored in the
+session exactly as generated, and adapters resend it verbatim (kept in the framework message's
+metadata), so the next turn finds it in the cache. A tool call the model did not generate (a
+framework's few-shot history) is rendered by ``render_calls`` (one canonical JSON object per
+call, one per line), and a tool result by ``render_result`` (``{"tool": name, "result": text}``,
+or the bare text without a name); both are deterministic, so a resent history renders to the
+same tokens every time.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,6 +172,77 @@ def _cut_answer(text: str) -> str | None:
                     data[ANSWER_KEY], str):
                 return data[ANSWER_KEY]
     return None
+
+
+# the opening of a plain answer as guided decoding may write it (JSON whitespace allowed)
+_ANSWER_OPEN = re.compile(r'\s*\{\s*"' + ANSWER_KEY + r'"\s*:\s*"')
+_ANSWER_OPEN_BARE = '{"' + ANSWER_KEY + '":"'
+
+
+class AnswerStream:
+    """A reply generated under ``reply_schema``, read as it arrives: ``feed(delta)`` returns the
+    plain answer's new characters (``{"response": "..."}``, JSON escapes decoded, a half-written
+    escape held back until complete); a tool call returns nothing (its JSON is read whole at the
+    end, by ``parse_reply``). ``rest(text)`` is what the parsed whole reply's text adds to the
+    text fed out so far, so that the streamed pieces join to ``Reply.text``."""
+
+    def __init__(self) -> None:
+        self._raw = ""
+        self._answer: bool | None = None  # None: cannot tell yet
+        self._pos = 0  # where the answer's undecoded characters start in _raw
+        self._closed = False
+        self.text = ""  # the answer's text fed out so far
+
+    def feed(self, delta: str) -> str:
+        self._raw += delta
+        if self._answer is None:
+            m = _ANSWER_OPEN.match(self._raw)
+            if m is not None:
+                self._answer, self._pos = True, m.end()
+            elif not _ANSWER_OPEN_BARE.startswith("".join(self._raw.split())):
+                self._answer = False
+        if not self._answer or self._closed:
+            return ""
+        end = self._complete_end()
+        piece = json.loads(f'"{self._raw[self._pos:end]}"') if end > self._pos else ""
+        self._pos, self._closed = end, self._raw.startswith('"', end)
+        self.text += piece
+        return piece
+
+    def _complete_end(self) -> int:
+        """Where the answer's complete characters end: at its closing quote, or before a
+        half-written escape."""
+        raw, i = self._raw, self._pos
+        while i < len(raw):
+            c = raw[i]
+            if c == '"':
+                break
+            if c != "\\":
+                i += 1
+                continue
+            n = 6 if raw.startswith("u", i + 1) else 2
+            if n == 6 and 0xD800 <= _hex(raw[i + 2:i + 6]) < 0xDC00:
+                n = 12  # a high surrogate: decode it with its low half
+                if not raw.startswith("\\u", i + 6) and len(raw) >= i + 8:
+                    n = 6  # no low half follows: alone, as json.loads reads it
+            if i + n > len(raw):
+                break
+            i += n
+        return i
+
+    def rest(self, text: str | None) -> str:
+        """The whole reply's text (``Reply.text``; ``None`` for calls) less what was fed out:
+        all of it where the stream showed nothing, e.g. a reply that is not JSON."""
+        if not text or not text.startswith(self.text):
+            return ""  # a call; or never (a reply read under its schema): never repeat text
+        return text[len(self.text):]
+
+
+def _hex(digits: str) -> int:
+    try:
+        return int(digits, 16) if len(digits) == 4 else -1
+    except ValueError:
+        return -1
 
 
 def openai_specs(tools: Sequence[Any]) -> list[ToolSpec]:

@@ -64,6 +64,7 @@ from suffixmem.server.protocol import (
 )
 from suffixmem.server.tools import Reply as ToolReply
 from suffixmem.server.tools import Tools, message_text, read_reply, read_tools
+from suffixmem.tool_calls import AnswerStream
 
 SESSION_HEADER = "X-Session-ID"
 
@@ -319,7 +320,8 @@ class ChatService:
                    tools: Tools | None = None) -> AsyncIterator[str]:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         usage = req.stream_options is not None and req.stream_options.include_usage
-        whole = tools is not None and tools.schema is not None  # a reply that may be a call
+        # a reply that may be a call: its answer's text streams, a call is read whole
+        answer = AnswerStream() if tools is not None and tools.schema is not None else None
 
         def chunk(**kw: Any) -> str:
             c = ChatCompletionChunk(id=cid, model=self.model_name, **kw)
@@ -331,15 +333,17 @@ class ChatService:
             async for e in _chain(first, events):
                 if isinstance(e, TurnResult):
                     turn = e
-                elif e.text and not whole:  # a reply that may be a call is read whole
-                    yield chunk(choices=[ChunkChoice(delta=Delta(content=e.text))])
+                elif text := (e.text if answer is None else answer.feed(e.text)):
+                    yield chunk(choices=[ChunkChoice(delta=Delta(content=text))])
             assert turn is not None
             finish = turn.finish_reason
-            if whole:
+            if answer is not None:
                 reply = read_reply(turn.text, finish)
                 calls = [{"index": i, **c} for i, c in enumerate(reply.tool_calls or ())]
-                yield chunk(choices=[ChunkChoice(delta=Delta(content=reply.content,
-                                                             tool_calls=calls or None))])
+                rest = answer.rest(reply.content)
+                if calls or rest:
+                    yield chunk(choices=[ChunkChoice(delta=Delta(content=rest or None,
+                                                                 tool_calls=calls or None))])
                 finish = reply.finish_reason
             yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=finish)],
                         suffixmem=_info(turn, client_id))

@@ -8,9 +8,12 @@ import json
 
 import jsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import (
+    AnswerStream,
     ToolSpec,
     openai_choice,
     parse_reply,
@@ -113,3 +116,39 @@ def test_tool_choice_in_openai_langchain_and_anthropic_spellings() -> None:
     assert reply_schema([ADD], openai_choice({"type": "any"})) is not None
     with pytest.raises(InvalidRequestError, match="tool_choice"):
         openai_choice({"type": "function"})
+
+
+def _fed(reply: str, cuts: list[int]) -> tuple[list[str], AnswerStream]:
+    stream, pieces, start = AnswerStream(), [], 0
+    for end in [*sorted(c % (len(reply) + 1) for c in cuts), len(reply)]:
+        if end > start:
+            pieces.append(stream.feed(reply[start:end]))
+            start = end
+    return pieces, stream
+
+
+@given(st.text(), st.lists(st.integers(min_value=0), max_size=12), st.booleans(),
+       st.integers(min_value=0, max_value=8))
+def test_a_plain_answer_streams_as_the_text_parse_reply_reads(
+        answer: str, cuts: list[int], ascii_only: bool, cut_off: int) -> None:
+    """However the generated JSON is split into tokens (escapes, surrogate pairs and
+    ``\\uXXXX`` split anywhere, a reply cut off by max_tokens), the pieces ``feed`` returns
+    join to a prefix of the answer and, with ``rest``, to exactly what ``parse_reply`` reads."""
+    reply = json.dumps({"response": answer}, ensure_ascii=ascii_only)
+    reply = reply[:len(reply) - cut_off] if cut_off else reply
+    pieces, stream = _fed(reply, cuts)
+    parsed = parse_reply(reply)
+    assert "".join(pieces) == stream.text and answer.startswith(stream.text)
+    assert stream.text + stream.rest(parsed.text) == parsed.text
+    if not cut_off:
+        assert stream.text == answer  # all of it streamed before the closing brace
+        assert stream.rest(parsed.text) == ""
+
+
+@given(st.lists(st.integers(min_value=0), max_size=12))
+def test_a_call_streams_nothing(cuts: list[int]) -> None:
+    reply = ' { "name": "add", "arguments": {"a": 1, "b": 2}}'
+    pieces, stream = _fed(reply, cuts)
+    assert pieces == [""] * len(pieces) and stream.rest(None) == ""
+    undecided = AnswerStream()  # nothing shows before the answer's opening quote
+    assert undecided.feed('{"response": ') == "" and undecided.feed('"Hi') == "Hi"

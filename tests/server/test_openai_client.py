@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from suffixmem.server.serving import namespace
+from suffixmem.tool_calls import parse_reply
 from tests.server.conftest import KEY_A, Server
 
 openai = pytest.importorskip("openai")
@@ -149,3 +150,21 @@ def test_tool_calls_round_trip_with_the_cache(server: Server) -> None:
     assert len(calls) == 1 and calls[0][0].function.name == "multiply"
     assert json.loads(calls[0][0].function.arguments).keys() == {"a", "b"}
     assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_a_plain_answer_under_tools_streams_as_it_is_generated(server: Server) -> None:
+    """Under tools the reply is JSON (a call, or ``{"response": ...}``); a plain answer's text
+    streams in pieces as it is generated (it came as one delta at the end), and the pieces
+    join to the answer the session stored, JSON and escapes read."""
+    c = client(server)
+    sid = f"tools-stream-{uuid.uuid4().hex[:8]}"
+    stream = c.chat.completions.create(  # type: ignore[attr-defined]
+        model=server.model, messages=[{"role": "user", "content": "Greet the team warmly."}],
+        tools=[MUL], tool_choice="none", max_tokens=24, temperature=0, stream=True,
+        extra_headers={"X-Session-ID": sid})
+    deltas = [ch.choices[0] for ch in stream if ch.choices]
+    pieces = [d.delta.content for d in deltas if d.delta.content]
+    assert not any(d.delta.tool_calls for d in deltas)
+    stored = server.manager.history(namespace(KEY_A) + sid)  # type: ignore[attr-defined]
+    assert parse_reply(stored[-1].content).text == "".join(pieces)
+    assert len(pieces) >= 4 and not pieces[0].lstrip().startswith("{")

@@ -49,6 +49,7 @@ from suffixmem.conversation.manager import ConversationManager, TurnResult
 from suffixmem.conversation.reconcile import readable
 from suffixmem.conversation.stored_turns import STORED_TURNS
 from suffixmem.engine.protocol import TokenEvent
+from suffixmem.tool_calls import AnswerStream
 
 StructuredMethod = Literal["json_schema", "json_mode", "function_calling"]
 
@@ -166,11 +167,11 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         return tools, schema, kwargs
 
     @staticmethod
-    def _reply(text: str, on_token: Callable[..., Any] | None) -> ChatGenerationChunk:
-        chunk = ChatGenerationChunk(message=reply_chunk(text))
-        if on_token is not None:
-            on_token(chunk.text, chunk=chunk)
-        return chunk
+    def _piece(event: TokenEvent, answer: AnswerStream | None) -> ChatGenerationChunk | None:
+        """A token's chunk: its text; under tools only a plain answer's text (a call's JSON is
+        read whole at the end); None where it completes no character yet."""
+        text = event.text if answer is None else answer.feed(event.text)
+        return ChatGenerationChunk(message=AIMessageChunk(content=text)) if text else None
 
     def _show_schema(self, sampling: dict[str, Any]) -> bool:
         # only structured output has a schema to show
@@ -192,17 +193,18 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         events = manager.stream_complete(  # bad input raises here
             session_id, with_tools_prompt(readable(to_suffixmem(messages)), tools),
             show_schema=show, **sampling)
+        answer = None if schema is None else AnswerStream()
         for event in with_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
-                if not event.text or schema is not None:
-                    continue  # a token that completes no character yet; or a tool reply
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
-                if run_manager is not None:
-                    run_manager.on_llm_new_token(event.text, chunk=chunk)
-                yield chunk
+                chunk = self._piece(event, answer)
             else:
-                if schema is not None:
-                    yield self._reply(event.text, run_manager and run_manager.on_llm_new_token)
+                chunk = None if answer is None else ChatGenerationChunk(
+                    message=reply_chunk(event.text, answer))
+            if chunk is not None:
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+            if not isinstance(event, TokenEvent):
                 yield self._final_chunk(event, session_id, manager, model)
 
     async def _astream(
@@ -221,20 +223,18 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         events = manager.astream_complete(
             session_id, with_tools_prompt(readable(to_suffixmem(messages)), tools),
             show_schema=show, **sampling)
+        answer = None if schema is None else AnswerStream()
         async for event in awith_deadline(events, self.timeout):
             if isinstance(event, TokenEvent):
-                if not event.text or schema is not None:
-                    continue
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
-                if run_manager is not None:
-                    await run_manager.on_llm_new_token(event.text, chunk=chunk)
-                yield chunk
+                chunk = self._piece(event, answer)
             else:
-                if schema is not None:
-                    chunk = self._reply(event.text, None)
-                    if run_manager is not None:
-                        await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                    yield chunk
+                chunk = None if answer is None else ChatGenerationChunk(
+                    message=reply_chunk(event.text, answer))
+            if chunk is not None:
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+            if not isinstance(event, TokenEvent):
                 # the session lookup is SQL: keep it off the event loop
                 yield await asyncio.to_thread(self._final_chunk, event, session_id, manager,
                                               model)

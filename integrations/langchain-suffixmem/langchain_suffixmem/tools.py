@@ -15,6 +15,7 @@ from langchain_suffixmem.messages import RAW_KEY
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import (
+    AnswerStream,
     openai_choice,
     openai_specs,
     parse_reply,
@@ -43,9 +44,10 @@ def tool_schema(tools: Any, tool_choice: Any) -> dict[str, Any] | None:
     return reply_schema(openai_specs(tools), openai_choice(tool_choice))
 
 
-def reply_chunk(text: str) -> AIMessageChunk:
-    """The reply (generated under ``tool_schema``) as one chunk: tool-call chunks with fresh
-    ids, or the answer's text; the generated text is kept as ``response_metadata[RAW_KEY]``."""
+def reply_chunk(text: str, streamed: AnswerStream | None = None) -> AIMessageChunk:
+    """The reply (generated under ``tool_schema``) as the last chunk: tool-call chunks with
+    fresh ids, or the answer's text less what ``streamed`` already gave; the generated text is
+    kept as ``response_metadata[RAW_KEY]``."""
     reply = parse_reply(text)
     meta = {RAW_KEY: text}
     if reply.calls:
@@ -58,4 +60,5 @@ def reply_chunk(text: str) -> AIMessageChunk:
     if reply.error is not None:
         # cut off (max_tokens) or otherwise unreadable: the raw text, and why
         meta["suffixmem_tool_error"] = reply.error
-    return AIMessageChunk(content=reply.text, response_metadata=meta)
+    content = reply.text if streamed is None else streamed.rest(reply.text)
+    return AIMessageChunk(content=content, response_metadata=meta)

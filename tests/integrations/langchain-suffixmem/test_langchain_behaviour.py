@@ -18,10 +18,12 @@ from langchain_core.messages import (
 )
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_suffixmem import SuffixMemChatModel, SuffixMemLLM
+from langchain_suffixmem.messages import RAW_KEY
 from langgraph.graph.message import add_messages
 
 from suffixmem.engine.protocol import Message
 from suffixmem.errors import ContextWindowError, InvalidRequestError
+from suffixmem.tool_calls import parse_reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.anyio]
 
@@ -151,6 +153,26 @@ def test_stream_is_token_by_token_and_equals_invoke(chat: SuffixMemChatModel) ->
     meta = last.response_metadata
     assert meta["model_name"] == chat.model
     assert 0 < meta["time_to_first_token_s"] <= meta["latency_s"]
+
+
+def test_a_plain_answer_under_tools_streams_and_equals_invoke(chat: SuffixMemChatModel) -> None:
+    """Under tools a plain answer is generated as ``{"response": ...}``; its text streams in
+    pieces as it is generated (it came as one chunk at the end), equal to ``invoke``'s."""
+    add = {"type": "function", "function": {
+        "name": "add", "description": "Add two integers", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"]}}}
+    model = chat.bind_tools([add], tool_choice="none")
+    text = model.invoke("Greet the team warmly.", max_tokens=24).content
+    chunks = list(model.stream("Greet the team warmly.", max_tokens=24))
+    pieces = [c.content for c in chunks if c.content]
+    assert len(pieces) >= 4 and "".join(pieces) == text  # type: ignore[arg-type]
+    assert not str(text).lstrip().startswith("{")  # the text, not its JSON
+    whole = chunks[0]
+    for c in chunks[1:]:
+        whole += c
+    assert parse_reply(whole.response_metadata[RAW_KEY]).text == text  # resent verbatim
+    assert not whole.tool_calls
 
 
 def test_structured_output_with_include_raw(chat: SuffixMemChatModel) -> None:

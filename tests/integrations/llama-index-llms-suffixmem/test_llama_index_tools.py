@@ -83,6 +83,21 @@ def test_sampled_tool_calls_always_parse_against_the_schema(
     jsonschema.validate(call.tool_kwargs, SCHEMAS[call.tool_name])
 
 
+def test_a_plain_answer_under_tools_streams(engine_params: dict[str, Any],
+                                            database_url: str) -> None:
+    """A plain answer under tools (``{"response": ...}``) streams its text in pieces as it is
+    generated (it came as one response at the end); the deltas join to the last message."""
+    llm = _llm(engine_params, database_url, max_tokens=24)
+    responses = list(llm.stream_chat_with_tools(TOOLS, "Greet the team warmly.",
+                                                tool_choice="none"))
+    deltas = [r.delta for r in responses if r.delta]
+    last = responses[-1]
+    assert len(deltas) >= 4 and "".join(deltas) == last.message.content
+    assert not str(last.message.content).lstrip().startswith("{")  # the text, not its JSON
+    assert not llm.get_tool_calls_from_response(last, error_on_no_tool_call=False)
+    assert last.raw["usage"]["completion_tokens"] > 0
+
+
 def test_structured_predict(engine_params: dict[str, Any], database_url: str) -> None:
     llm = _llm(engine_params, database_url, max_tokens=48)
     loaf = llm.structured_predict(

@@ -36,7 +36,7 @@ from llama_index.llms.suffixmem.responses import (
     responses,
     skip_none,
     text_session_key,
-    tool_response,
+    tool_responder,
     usage,
 )
 from llama_index.llms.suffixmem.tools import specs, tool_selections
@@ -92,8 +92,9 @@ class SuffixMemLLM(FunctionCallingLLM):
     (``suffixmem.tool_calls``): the tools are described at the end of the system prompt, and
     the reply is constrained to a call whose arguments follow the tool's schema (or, unless
     ``tool_required``, a plain answer). Calls come back in
-    ``message.additional_kwargs["tool_calls"]`` (``{"id", "name", "arguments"}``); a reply under
-    tools is streamed as one response once complete. Other engines raise
+    ``message.additional_kwargs["tool_calls"]`` (``{"id", "name", "arguments"}``); streamed, a
+    plain answer under tools arrives as it is generated, a call as one response once complete.
+    Other engines raise
     ``NotImplementedError`` and ``metadata.is_function_calling_model`` is false.
     """
 
@@ -244,13 +245,13 @@ class SuffixMemLLM(FunctionCallingLLM):
     def _chat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Any:
         session_id, events = self._chat_events(messages, kwargs, False)  # bad input raises here
         if kwargs.get("tools"):
-            return (r for r in self._gen(session_id, events, tool_response) if r is not None)
+            return (r for r in self._gen(session_id, events, tool_responder()) if r is not None)
         return self._gen(session_id, events, chat_response)
 
     def _achat_stream(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Any:
         session_id, events = self._chat_events(messages, kwargs, True)
         if kwargs.get("tools"):
-            return skip_none(self._agen(session_id, events, tool_response))
+            return skip_none(self._agen(session_id, events, tool_responder()))
         return self._agen(session_id, events, chat_response)
 
     # -- FunctionCallingLLM ---------------------------------------------------------------------

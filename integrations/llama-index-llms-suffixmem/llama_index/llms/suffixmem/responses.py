@@ -5,8 +5,8 @@ twin) turns one turn's ``TokenEvent``s into cumulative responses ``respond(text,
 and its closing ``Result``/``TurnResult`` into ``respond(text, "", final(event))``; a deadline
 passed between tokens raises ``TimeoutError``; closing the responses closes (aborts) the
 events, so an abandoned turn stores nothing. ``respond`` is one of ``chat_response``,
-``completion_response`` or ``tool_response`` (which holds everything back until the reply is
-complete: a tool call's JSON is not text to show; filter its ``None``s with ``skip_none``).
+``completion_response`` or one ``tool_responder()`` (a plain answer's text streams, a tool
+call's JSON is held back until the reply is complete; filter its ``None``s with ``skip_none``).
 Each final response carries ``usage(...)`` in ``raw["usage"]`` and ``additional_kwargs``.
 """
 
@@ -29,6 +29,7 @@ from llama_index.llms.suffixmem.tools import reply_message
 
 from suffixmem.conversation.manager import TurnResult
 from suffixmem.engine.protocol import Result, TokenEvent
+from suffixmem.tool_calls import AnswerStream
 
 Respond = Callable[[str, str, "dict[str, Any] | None"], Any]
 
@@ -79,12 +80,24 @@ def completion_response(text: str, delta: str, u: dict[str, Any] | None) -> Comp
     return CompletionResponse(text=text, delta=delta, raw={"usage": u}, additional_kwargs=u)
 
 
-def tool_response(text: str, delta: str, u: dict[str, Any] | None) -> ChatResponse | None:
-    if u is None:
-        return None  # a tool reply's JSON is not text to show: wait for the whole reply
-    message = reply_message(text, _marker(u))
-    return ChatResponse(message=message, delta=message.content or "", raw={"usage": u},
-                        additional_kwargs=u)
+def tool_responder() -> Respond:
+    """A fresh ``respond`` for one reply under tools: a plain answer's text streams as it is
+    generated (``AnswerStream``), a call comes as one response once complete; ``None`` for a
+    token with nothing to show."""
+    answer = AnswerStream()
+
+    def respond(text: str, delta: str, u: dict[str, Any] | None) -> ChatResponse | None:
+        if u is None:
+            piece = answer.feed(delta)
+            if not piece:
+                return None
+            return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT,
+                                                    content=answer.text), delta=piece)
+        message = reply_message(text, _marker(u))
+        return ChatResponse(message=message, delta=answer.rest(message.content),
+                            raw={"usage": u}, additional_kwargs=u)
+
+    return respond
 
 
 def _check(deadline: float | None, timeout: float | None) -> None:
