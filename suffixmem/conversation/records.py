@@ -78,6 +78,7 @@ class TurnEvent:
     evicted_turns: int = 0
     finish_reason: str = "stop"
     request_id: str | None = None
+    reply_position: int | None = None  # set by the store: where the turn's reply was stored
 
 
 def totals(events: Sequence[TurnEvent]) -> dict[str, Any]:

@@ -144,6 +144,10 @@ class TurnEventRow(Base):
     evicted_turns: Mapped[int] = mapped_column(Integer, default=0)
     finish_reason: Mapped[str] = mapped_column(String(16), default="stop")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # where the turn's reply was stored (migration 0005; NULL before it, or a turn that stored
+    # no reply): a later edit rewrites positions, so the latest event at a position is the
+    # reply's there now
+    reply_position: Mapped[int | None] = mapped_column(Integer)
 
 
 # -- LangGraph checkpoints (``checkpoints``; migration 0002) -----------------------------------

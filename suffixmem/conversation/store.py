@@ -388,6 +388,7 @@ class Store(TurnQueries, SegmentQueries):
                     output_tokens=r.output_tokens, topic_jump=r.topic_jump,
                     similarity=r.similarity, evicted_turns=r.evicted_turns,
                     finish_reason=r.finish_reason, request_id=r.request_id,
+                    reply_position=r.reply_position,
                 )
                 for r in s.scalars(q)
             ]

@@ -63,7 +63,7 @@ _SESSION_KEYS = ("id", "title", "model", "system_prompt", "temperature", "state"
                  "window_start", "created_at", "updated_at")
 _EVENT_KEYS = ("session_id", "request_id", "prompt_tokens", "cached_tokens", "output_tokens",
                "ttft_s", "latency_s", "topic_jump", "similarity", "temperature",
-               "evicted_turns", "finish_reason", "created_at")
+               "evicted_turns", "finish_reason", "created_at", "reply_position")
 
 
 class TurnSQL:
@@ -244,6 +244,8 @@ class TurnQueries:
                 "similarity": turn.similarity, "temperature": turn.temperature,
                 "evicted_turns": turn.evicted_turns, "finish_reason": turn.finish_reason,
                 "created_at": now,
+                "reply_position": stored[-1].position if stored and stored[-1].role == "assistant"
+                else None,
             })
             return stored, now
 

@@ -151,17 +151,24 @@ class ChatService:
 
         def read() -> dict[str, Any]:
             info = self.manager.get_session(sid)
-            history = self.manager.history(sid)
+            history = self.manager.store.messages(sid)
             stats = self.manager.stats(sid)
             turns = self.manager.store.turn_events(sid)
+            # each turn names the message that is its reply: the latest turn whose reply was
+            # stored at a position (an edit abandons the turns after it, and their positions
+            # are reused); None for an abandoned turn, or one stored before migration 0005
+            index = {m.position: i for i, m in enumerate(history)}
+            latest = {t.reply_position: k for k, t in enumerate(turns)}
             return {
                 "id": client_id, "object": "session", "system_prompt": info.system_prompt,
                 "temperature": info.temperature, "created_at": info.created_at.isoformat(),
                 "messages": [{"role": m.role, "content": m.content} for m in history],
                 "turns": [{"prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
                            "completion_tokens": t.output_tokens, "ttft_s": t.ttft_s,
-                           "temperature": t.temperature, "topic_jump": t.topic_jump}
-                          for t in turns],
+                           "temperature": t.temperature, "topic_jump": t.topic_jump,
+                           "message_index": index.get(t.reply_position)  # type: ignore[arg-type]
+                           if latest.get(t.reply_position) == k else None}
+                          for k, t in enumerate(turns)],
                 "usage": {k: stats[k] for k in ("turns", "prompt_tokens", "cached_tokens",
                                                 "output_tokens", "hit_rate", "mean_ttft_s")},
             }

@@ -3,8 +3,9 @@ adapters use (``suffixmem.tool_calls``): the tools are described at the end of t
 prompt and the reply is constrained to one tool call or, under "auto", a plain answer (under
 "none" only that answer). A call comes back as the message's ``tool_calls`` (``finish_reason``
 "tool_calls"); streamed, a plain answer's text arrives as it is generated and a call as one
-delta once complete, since a call can only be read whole. One call per reply (``parallel_tool_calls`` is accepted; the model
-makes at most one). ``message_text`` renders a resent agent history's calls and results."""
+delta once complete, since a call can only be read whole. One call per reply
+(``parallel_tool_calls`` is accepted; the model makes at most one). ``message_text`` renders a
+resent agent history's calls and results."""
 
 from __future__ import annotations
 

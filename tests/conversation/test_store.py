@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def test_migrations_up_and_down(db_url: str) -> None:
     assert _tables(db_url) == set()
     upgrade(db_url)
     assert _tables(db_url) == TABLES
-    assert current_revision(db_url) == "0004"
+    assert current_revision(db_url) == "0005"
     # the migrated schema is exactly what the ORM models describe
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
@@ -62,7 +63,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 'x.db'}"
     Store(url).close()
-    assert current_revision(url) == "0004"
+    assert current_revision(url) == "0005"
 
 
 def test_sessions_lifecycle(db_url: str) -> None:
@@ -101,7 +102,7 @@ def test_commit_turn_is_one_transaction(db_url: str) -> None:
                    temperature=0.3, window_start=0)
     rec = st.require_session("s")
     assert rec.temperature == 0.3 and rec.message_count == 2
-    assert st.turn_events("s") == [turn]
+    assert st.turn_events("s") == [dataclasses.replace(turn, reply_position=1)]  # the reply's
     # a message that cannot be stored (bad role) leaves nothing behind
     with pytest.raises(InvalidRequestError):
         st.commit_turn("s", [NewMessage("user", "q2"), NewMessage("robot", "x")], turn,

@@ -168,3 +168,28 @@ def test_a_plain_answer_under_tools_streams_as_it_is_generated(server: Server) -
     stored = server.manager.history(namespace(KEY_A) + sid)  # type: ignore[attr-defined]
     assert parse_reply(stored[-1].content).text == "".join(pieces)
     assert len(pieces) >= 4 and not pieces[0].lstrip().startswith("{")
+
+
+def test_an_edit_leaves_each_reply_with_its_own_turn(server: Server) -> None:
+    """``GET /v1/sessions/{id}``: each turn names its reply (``message_index``); after an edit
+    abandons the second turn, that turn names none and the new reply names the new turn."""
+    c = client(server)
+    sid = f"edit-{uuid.uuid4().hex[:8]}"
+    msgs: list[dict[str, str]] = [{"role": "user", "content": "Name a planet."}]
+    usage = []
+    for follow_up in ("Name a moon of it.", "Which is the largest moon of all the planets?"):
+        r = c.chat.completions.create(  # type: ignore[attr-defined]
+            model=server.model, messages=msgs, max_tokens=8, temperature=0,
+            extra_headers={"X-Session-ID": sid})
+        usage.append(r.usage.prompt_tokens)
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": follow_up}]
+    r = c.chat.completions.create(  # the second question is asked again, longer
+        model=server.model, messages=msgs[:2] + msgs[-1:], max_tokens=8, temperature=0,
+        extra_headers={"X-Session-ID": sid})
+    assert r.model_extra["suffixmem"]["history"] == "rewritten"
+    s = httpx.get(f"{server.url}/v1/sessions/{sid}",
+                  headers={"Authorization": f"Bearer {KEY_A}"}).json()
+    assert [m["role"] for m in s["messages"]] == ["user", "assistant"] * 2
+    assert [t["message_index"] for t in s["turns"]] == [1, None, 3]
+    assert s["turns"][2]["prompt_tokens"] == r.usage.prompt_tokens != usage[1]

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from suffixmem.server.serving import namespace
@@ -73,6 +74,24 @@ def test_page_two_turns(server: Server, tmp_path: Path) -> None:
             out = ROOT / "results" / "serve"
             out.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(out / "page.png"))
+            # an edit (a client resends the chat with its second question changed) abandons the
+            # second turn; reopened, each reply shows its own turn's figures (pairing by order
+            # showed the abandoned turn's beside the new reply)
+            sent = [{"role": m.role, "content": m.content} for m in stored[:2]]
+            edit = httpx.post(
+                server.url + "/v1/chat/completions", timeout=120,
+                headers={"Authorization": f"Bearer {KEY_A}", "X-Session-ID": sid},
+                json={"model": server.model, "max_tokens": 8, "temperature": 0, "messages": [
+                    *sent, {"role": "user", "content": "Which of those three fruits is usually "
+                                                       "red when it is ripe, and why?"}]}).json()
+            assert edit["suffixmem"]["history"] == "rewritten"
+            page.locator(f'#sessions button[title^="{sid} "]').click()
+            expect(page.locator(".msg.assistant .text").nth(1)).to_have_text(
+                edit["choices"][0]["message"]["content"])
+            second = page.locator(".msg.assistant .stats").nth(1)
+            assert int(second.get_attribute("data-prompt") or -1) == \
+                edit["usage"]["prompt_tokens"] != prompt[1]
+            expect(page.locator("#ttft-chart rect")).to_have_count(2)  # not the abandoned turn
             # another key is another namespace: the conversation leaves the screen (it stayed,
             # and the next message went to that key's session of the same name)
             page.fill("#api-key", KEY_B)

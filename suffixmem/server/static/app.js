@@ -94,12 +94,21 @@ async function openSession(id) {
   $("session-label").textContent = "session " + id;
   try {
     const s = await api("/v1/sessions/" + encodeURIComponent(id));
-    let turn = 0;
-    for (const m of s.messages) {
-      if (m.role === "system") continue;
+    // a turn names its reply (message_index); turns an edit abandoned name none. Turns stored
+    // before the server recorded it name none at all: pair those with the replies in order.
+    const byIndex = new Map();
+    const legacy = s.turns.every((t) => t.message_index == null);
+    let next = 0;
+    s.messages.forEach((m, i) => {
+      if (legacy && m.role === "assistant" && next < s.turns.length) byIndex.set(i, s.turns[next++]);
+    });
+    for (const t of s.turns) if (t.message_index != null) byIndex.set(t.message_index, t);
+    s.messages.forEach((m, i) => {
+      if (m.role === "system") return;
       const div = addMessage(m.role, m.content);
-      if (m.role === "assistant" && s.turns[turn]) { showStats(div, s.turns[turn]); state.turns.push(s.turns[turn]); turn++; }
-    }
+      const t = byIndex.get(i);
+      if (t) { showStats(div, t); state.turns.push(t); }
+    });
   } catch (e) { addMessage("error", String(e.message || e)); }
   drawChart();
   refreshSessions();
