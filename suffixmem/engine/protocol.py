@@ -72,6 +72,9 @@ class Message:
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How to sample. ``temperature == 0`` is greedy. ``max_tokens`` counts output tokens.
+    ``frequency_penalty``/``presence_penalty`` are OpenAI's, in [-2, 2]: before sampling (and
+    before greedy's argmax) a token's logit drops by ``frequency_penalty`` times its count in
+    the output so far, plus ``presence_penalty`` if it occurs there at all.
 
     ``json_schema`` asks for output constrained to that JSON schema, on engines whose
     ``supports_json_schema`` is true; others reject it.
@@ -85,6 +88,8 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     json_schema: dict[str, Any] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         self.check()
@@ -108,6 +113,8 @@ class SamplingParams:
         temperature = real_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", real_number("top_p", self.top_p, 0.0, 1.0))
+        for name in ("frequency_penalty", "presence_penalty"):
+            object.__setattr__(self, name, real_number(name, getattr(self, name), -2.0, 2.0))
         if self.top_p == 0.0:
             raise InvalidRequestError("top_p must be in (0, 1], got 0.0")
         integer("top_k", self.top_k)
@@ -129,6 +136,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 @dataclass(slots=True, frozen=True)

@@ -120,6 +120,11 @@ class RemoteEngine(BaseEngine):
             body["seed"] = s.seed
         if s.json_schema is not None:
             body["structured_outputs"] = {"json": s.json_schema}
+        if s.penalised:
+            # a continuation on another replica (below) sends the tokens generated so far as
+            # prompt, which the penalties do not count: they restart from its first new token
+            body["frequency_penalty"] = s.frequency_penalty
+            body["presence_penalty"] = s.presence_penalty
         return body
 
     def _stream(self, request: Request, prompt_ids: list[int],

@@ -257,6 +257,8 @@ class VLLMEngine(BaseEngine):
             stop=list(s.stop) or None,
             seed=s.seed,
             ignore_eos=s.ignore_eos,
+            frequency_penalty=s.frequency_penalty,
+            presence_penalty=s.presence_penalty,
             output_kind=RequestOutputKind.DELTA,
             **extra,
         )

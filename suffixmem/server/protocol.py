@@ -53,7 +53,7 @@ class ResponseFormat(_Lenient):
 class ChatCompletionRequest(_Lenient):
     """``POST /v1/chat/completions``. ``prompt_cache_key`` names the session when no
     ``X-Session-ID`` header does (``user``, OpenAI's end-user id, names none); ``top_k`` and
-    ``ignore_eos`` are vLLM's extensions. ``logprobs``, ``top_logprobs``, the penalties,
+    ``ignore_eos`` are vLLM's extensions. ``logprobs``, ``top_logprobs``,
     ``logit_bias``, ``modalities``, ``audio`` and ``prediction`` are read only to refuse what
     the engines cannot do (``ChatService``), never silently dropped; fields OpenAI does not
     define are ignored, as vLLM's server ignores them."""

@@ -190,9 +190,6 @@ class ChatService:
         if req.logprobs or req.top_logprobs:
             field = "logprobs" if req.logprobs else "top_logprobs"
             raise invalid_value(f"{field} is not supported", field)
-        for field in ("frequency_penalty", "presence_penalty"):
-            if getattr(req, field):  # 0 is what a client sends by default: it changes nothing
-                raise invalid_value(f"{field} is not supported (only 0)", field)
         if req.logit_bias:
             raise invalid_value("logit_bias is not supported", "logit_bias")
         if req.audio is not None or any(m != "text" for m in req.modalities or ()):
@@ -210,7 +207,8 @@ class ChatService:
             else req.max_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
             "stop": tuple(stop) if isinstance(stop, list) else stop, "seed": req.seed,
-            "ignore_eos": req.ignore_eos,
+            "ignore_eos": req.ignore_eos, "frequency_penalty": req.frequency_penalty,
+            "presence_penalty": req.presence_penalty,
         }
         fmt = req.response_format
         if fmt is not None and fmt.type == "json_object":

@@ -68,7 +68,7 @@ USER = [{"role": "user", "content": "hi"}]
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
     # what the engines cannot do is refused, never silently dropped
     ({"messages": USER, "logprobs": True}, "logprobs", "not supported"),
-    ({"messages": USER, "frequency_penalty": 0.5}, "frequency_penalty", "not supported"),
+    ({"messages": USER, "frequency_penalty": 2.5}, "frequency_penalty", "[-2, 2]"),
     ({"messages": USER, "logit_bias": {"50256": -100}}, "logit_bias", "not supported"),
     ({"messages": USER, "modalities": ["text", "audio"]}, "modalities", "only text"),
     ({"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}, "audio", "only text"),

@@ -193,3 +193,18 @@ def test_an_edit_leaves_each_reply_with_its_own_turn(server: Server) -> None:
     assert [m["role"] for m in s["messages"]] == ["user", "assistant"] * 2
     assert [t["message_index"] for t in s["turns"]] == [1, None, 3]
     assert s["turns"][2]["prompt_tokens"] == r.usage.prompt_tokens != usage[1]
+
+
+def test_penalties_are_applied(server: Server) -> None:
+    """``frequency_penalty``/``presence_penalty`` reach the engine (they were refused): a
+    reply that repeats itself greedily comes out different, and with fewer repeats."""
+    c = client(server)
+
+    def reply(**penalties: float) -> str:
+        r = c.chat.completions.create(  # type: ignore[attr-defined]
+            model=server.model, max_tokens=32, temperature=0, **penalties,
+            messages=[{"role": "user", "content": "Write the word cat ten times."}])
+        return str(r.choices[0].message.content)
+
+    plain, penalised = reply(), reply(frequency_penalty=1.0, presence_penalty=0.5)
+    assert plain.lower().count("cat") > penalised.lower().count("cat")

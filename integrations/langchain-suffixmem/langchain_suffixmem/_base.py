@@ -21,7 +21,8 @@ from suffixmem.errors import InvalidRequestError, ModelError
 SESSION_KEYS = ("session_id", "thread_id")
 # per-call keyword arguments that become sampling parameters
 SAMPLING_KWARGS = frozenset(
-    {"temperature", "top_p", "top_k", "max_tokens", "seed", "json_schema", "ignore_eos"}
+    {"temperature", "top_p", "top_k", "max_tokens", "seed", "json_schema", "ignore_eos",
+     "frequency_penalty", "presence_penalty"}
 )
 
 
@@ -66,6 +67,8 @@ class SuffixMemParams(BaseModel):
     top_k: int | None = None
     seed: int | None = None
     stop: list[str] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     timeout: float | None = None
     """Seconds a call may take, checked between tokens; ``TimeoutError`` aborts it (nothing is
     stored)."""
@@ -154,6 +157,7 @@ class SuffixMemParams(BaseModel):
         values = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
             "max_tokens": self.max_tokens, "seed": self.seed,
+            "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
             "stop": tuple(stop) if stop is not None else
             (tuple(self.stop) if self.stop is not None else None),
             **kwargs,

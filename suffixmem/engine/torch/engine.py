@@ -42,7 +42,7 @@ from suffixmem.engine.torch.model_config import read_config, stop_token_ids
 from suffixmem.engine.torch.model_runner import ModelRunner, SeqInput
 from suffixmem.engine.torch.prefill import chunk_prefill
 from suffixmem.engine.torch.reuse_hook import ReuseHook, ReuseOutcome
-from suffixmem.engine.torch.sampling import sample_token
+from suffixmem.engine.torch.sampling import penalise, sample_token
 from suffixmem.engine.torch.scheduler import Scheduler
 from suffixmem.engine.torch.sequence import SeqStatus, Sequence
 from suffixmem.engine.torch.tier_hook import TorchTier
@@ -332,6 +332,9 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | None]:
         """One token per sequence from ``logits [B, V]`` (fp32); ``None`` where sampling that
         sequence failed (it is failed alone)."""
+        for i, seq in enumerate(seqs):
+            if seq.request.sampling.penalised:
+                penalise(logits[i], seq.output_ids, seq.request.sampling)
         mask_logits([seq.guide for seq in seqs], logits)  # json_schema rows: grammar.py
         tokens: list[int | None] = list(logits.argmax(dim=-1).tolist())
         for i, seq in enumerate(seqs):

@@ -1,7 +1,9 @@
-"""Sampling one token from a logits row: temperature, top-k, top-p (nucleus), seeded.
+"""Sampling one token from a logits row: OpenAI's frequency and presence penalties,
+temperature, top-k, top-p (nucleus), seeded.
 
-The engine's sampling step (``TorchEngine._sample``) takes the batch's argmax for greedy
-requests and calls ``sample_token`` for the others.
+The engine's sampling step (``TorchEngine._sample``) first applies ``penalise`` to the rows of
+penalised requests, then takes the batch's argmax for greedy requests and calls
+``sample_token`` for the others.
 """
 
 from __future__ import annotations
@@ -9,6 +11,18 @@ from __future__ import annotations
 import torch
 
 from suffixmem.engine.protocol import SamplingParams
+
+
+def penalise(logits: torch.Tensor, output_ids: list[int], s: SamplingParams) -> None:
+    """Lower ``logits [V]`` in place as OpenAI defines its penalties (and vLLM applies them):
+    by ``frequency_penalty`` per occurrence of a token in ``output_ids`` (the output so far,
+    not the prompt), plus ``presence_penalty`` once for a token that occurs at all."""
+    if not output_ids or not s.penalised:
+        return
+    ids, counts = torch.unique(torch.tensor(output_ids, dtype=torch.long), return_counts=True)
+    ids, counts = ids[ids < logits.shape[-1]], counts[ids < logits.shape[-1]]
+    drop = counts.to(logits.dtype) * s.frequency_penalty + s.presence_penalty
+    logits[ids] -= drop
 
 
 def sample_token(logits: torch.Tensor, s: SamplingParams, generator: torch.Generator) -> int:

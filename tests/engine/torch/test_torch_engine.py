@@ -23,6 +23,7 @@ from suffixmem.engine.protocol import (
 from suffixmem.engine.torch.kv_pool import KVPool
 from suffixmem.engine.torch.model_runner import SeqInput
 from suffixmem.engine.torch.reuse_hook import ReuseOutcome
+from suffixmem.engine.torch.sampling import penalise
 from suffixmem.errors import CapacityError, ConfigError, ContextWindowError
 from tests.engine.torch.conftest import rerun_without_amx
 
@@ -303,6 +304,31 @@ def test_sampling_options(torch_engine: Any) -> None:
     stopped = ask(torch_engine, "samp-11", q, max_tokens=20, stop=(stop,))
     assert stopped.finish_reason == "stop"
     assert stop not in stopped.text and greedy.text.startswith(stopped.text)
+
+
+def test_penalties_lower_logits_as_openai_defines(torch_engine_fp32: Any, real_fp32: Any,
+                                                  tokenizer: Any) -> None:
+    """``frequency_penalty``/``presence_penalty``: every greedy token is the argmax of the
+    reference forward's fp32 logits lowered as OpenAI defines (per occurrence in the reply so
+    far, plus once for any occurrence); a repeating reply comes out different."""
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write the word cat ten times."}],
+        add_generation_prompt=True, tokenize=True, return_dict=False)
+    plain = torch_engine_fp32.generate(Request("pen-0", token_ids=list(prompt),
+                                               sampling=SamplingParams(max_tokens=24)))
+    s = SamplingParams(max_tokens=24, frequency_penalty=0.6, presence_penalty=0.4)
+    out = torch_engine_fp32.generate(Request("pen-1", token_ids=list(prompt), sampling=s))
+    gen = list(out.token_ids)
+    assert gen != list(plain.token_ids) and len(set(plain.token_ids)) < len(plain.token_ids)
+    with torch.inference_mode():
+        ref = real_fp32.forward(torch.tensor(list(prompt) + gen)).float()
+    for i, tok in enumerate(gen):
+        row = ref[len(prompt) - 1 + i].clone()
+        penalise(row, gen[:i], s)
+        assert row.max() - row[tok] < 1e-3, (i, tok, int(row.argmax()))  # fp32 near-ties only
+    row = torch.zeros(8)
+    penalise(row, [3, 3, 5], s)
+    assert row.tolist() == pytest.approx([0, 0, 0, -1.6, 0, -1.0, 0, 0])
 
 
 # -- the segment-reuse hook ------------------------------------------------------------------------

@@ -284,7 +284,7 @@ def test_oversize_prompt_and_bad_arguments_raise_value_error(
         chat.invoke(long)
     assert isinstance(err.value, ValueError)
     with pytest.raises(ValueError, match="unsupported keyword argument"):
-        chat.invoke("Hi", frequency_penalty=1.0)
+        chat.invoke("Hi", logit_bias={"50256": -100})
     with pytest.raises(ValueError, match="model: unknown model 'gpt-4o'"):  # no such model
         chat.invoke("Hi", model="gpt-4o")
     with pytest.raises(ValueError, match="max_tokens"):
@@ -410,3 +410,17 @@ def test_manager_config_reaches_the_manager(shared_engine: Any, database_url: st
     assert plain.get_manager().config.layout == "stable"
     assert chat.invoke("Hi", config={"configurable": {"session_id": "mc"}}).content
     assert [m.role for m in chat.get_manager().history("mc")] == ["user", "assistant"]
+
+
+def test_penalties_reach_the_engine(chat: SuffixMemChatModel) -> None:
+    """``frequency_penalty``/``presence_penalty`` as ``ChatOpenAI`` takes them: fields or per
+    call; a reply that repeats itself greedily repeats less."""
+    q = "Write the word cat ten times."
+    plain = str(chat.invoke(q, max_tokens=32).content)
+    model = chat.model_copy(update={"frequency_penalty": 1.0, "presence_penalty": 0.5})
+    penalised = str(model.invoke(q, max_tokens=32).content)
+    per_call = str(chat.invoke(q, max_tokens=32, frequency_penalty=1.0,
+                               presence_penalty=0.5).content)
+    # not equal: the repeated prompt is cached, and bf16 logits differ a little from a cold run
+    assert plain.lower().count("cat") > max(penalised.lower().count("cat"),
+                                            per_call.lower().count("cat"))

@@ -53,7 +53,8 @@ from suffixmem.errors import InvalidRequestError
 from suffixmem.tool_calls import ToolSpec, reply_schema, with_tools_prompt
 
 _SAMPLING_KWARGS = frozenset(
-    {"temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "json_schema", "ignore_eos"})
+    {"temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "json_schema", "ignore_eos",
+     "frequency_penalty", "presence_penalty"})
 
 
 class SuffixMemLLM(FunctionCallingLLM):
@@ -112,6 +113,8 @@ class SuffixMemLLM(FunctionCallingLLM):
     top_k: int | None = None
     seed: int | None = None
     stop: list[str] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     timeout: float | None = Field(default=None, description="seconds, checked between tokens")
 
     _manager: ConversationManager | None = PrivateAttr(default=None)
@@ -180,6 +183,7 @@ class SuffixMemLLM(FunctionCallingLLM):
         values: dict[str, Any] = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
             "max_tokens": self.max_tokens, "seed": self.seed,
+            "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
             "stop": tuple(self.stop) if self.stop is not None else None,
         }
         values.update(kwargs)
