@@ -238,7 +238,7 @@ class ConversationManager(TurnPath):
                 temperature_range=session_range(rec),
             )
 
-        return self._run(self._plan(spec()), spec)
+        return self._turn(self._plan(spec()), spec)
 
     # -- turns: a resent message list -----------------------------------------------------------
     def complete(self, session_id: str | None, messages: Sequence[Message], *,
@@ -301,7 +301,7 @@ class ConversationManager(TurnPath):
                 temperature_range=session_range(rec),
             )
 
-        return self._run(self._plan(spec()), spec)
+        return self._turn(self._plan(spec()), spec)
 
     # -- async twins ----------------------------------------------------------------------------
     # they drain the streams: a cancelled call aborts its turn (run whole in a worker thread,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Generator, Iterator
 
 from suffixmem.conversation import segment_log
 from suffixmem.conversation.background import Background, Job
@@ -92,8 +93,25 @@ class TurnPath:
             self.topics.forget(plan.spec.key)
 
     # -- the turn -------------------------------------------------------------------------------
-    def _run(self, plan: Plan, respec: Callable[[], TurnSpec]
-             ) -> Iterator[TokenEvent | TurnResult]:
+    def _turn(self, plan: Plan, respec: Callable[[], TurnSpec]
+              ) -> Iterator[TokenEvent | TurnResult]:
+        """The turn's event stream (``_run``), which can close itself: a later turn of the
+        same consumer closes it if it was left paused (``SessionLocks.park``). By a weak
+        reference: a cycle would keep an abandoned stream, and its lock, until the cyclic
+        garbage collector ran, where CPython now closes it as soon as nothing refers to it."""
+        me: list[weakref.ref[Generator[TokenEvent | TurnResult, None, None]]] = []
+
+        def close() -> None:
+            gen = me[0]()
+            if gen is not None:
+                gen.close()
+
+        gen = self._run(plan, respec, close)
+        me.append(weakref.ref(gen))
+        return gen
+
+    def _run(self, plan: Plan, respec: Callable[[], TurnSpec], close: Callable[[], None]
+             ) -> Generator[TokenEvent | TurnResult, None, None]:
         sid = plan.spec.session_id
         lock = self._locks.hold(sid, f"turn {id(plan):x}") if sid is not None else no_lock()
         shared = (self._shared.hold(sid, self.config.lock_timeout_s) if sid is not None
@@ -127,7 +145,12 @@ class TurnPath:
                 if not kicked:  # prefill is done: background work may use the CPU now
                     self._background.kick()
                     kicked = True
+                if sid is None:
+                    yield event
+                    continue
+                self._locks.park(sid, close)
                 yield event
+                self._locks.unpark(sid)
             assert result is not None  # stream_turn raises otherwise
             done = time.perf_counter()
             if alongside:

@@ -1,16 +1,18 @@
 """Blocking event streams (an engine's ``stream``, a manager's turn) iterated from asyncio.
 
 Contract: ``aiter_events(events)`` yields what ``events`` yields, each ``next`` in a worker
-thread so the loop never blocks; a consumer that stops early closes ``events`` (in a thread
-too, awaited), which for an engine stream aborts the request and for a manager's turn frees
-the session's lock. A cancelled consumer (``asyncio.wait_for`` timing out, a server whose
-client left) gets its ``CancelledError`` at once; ``events`` is closed in the background as
-soon as the ``next`` in flight returns (one token, or the session lock it waits for).
+thread so the loop never blocks (``consumer()`` there names the awaiting asyncio task); a
+consumer that stops early closes ``events`` (in a thread too, awaited), which for an engine
+stream aborts the request and for a manager's turn frees the session's lock. A cancelled
+consumer (``asyncio.wait_for`` timing out, a server whose client left) gets its
+``CancelledError`` at once; ``events`` is closed in the background as soon as the ``next`` in
+flight returns (one token, or the session lock it waits for).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +21,18 @@ from typing import TypeVar
 _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
+
+# the asyncio task on whose behalf a worker thread steps a stream (``aiter_events``)
+_TASK: contextvars.ContextVar[int | None] = contextvars.ContextVar("suffixmem_consumer",
+                                                                  default=None)
+
+
+def consumer() -> tuple[str, int]:
+    """Who is stepping the stream running here: the asyncio task that awaits it (in
+    ``aiter_events``' worker thread), else this thread. One consumer does one thing at a
+    time, so a stream it left paused and then started another turn beside is abandoned."""
+    task = _TASK.get()
+    return ("task", task) if task is not None else ("thread", threading.get_ident())
 
 
 async def aiter_events(events: Iterator[_T]) -> AsyncIterator[_T]:
@@ -42,10 +56,13 @@ async def aiter_events(events: Iterator[_T]) -> AsyncIterator[_T]:
                 log.warning("closing an abandoned event stream failed", exc_info=True)
 
     finished = cancelled = False
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    context.run(_TASK.set, id(asyncio.current_task()))
     try:
         while True:
             try:
-                event = await asyncio.to_thread(step)
+                event = await loop.run_in_executor(None, context.run, step)
             except asyncio.CancelledError:
                 cancelled = True
                 raise

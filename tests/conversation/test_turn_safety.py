@@ -134,14 +134,83 @@ def test_a_waiting_turn_times_out_with_a_clear_error(engine: Failing, tmp_path: 
     gen = mgr.stream_chat("busy", "Count from one to fifty.", temperature=0.0, max_tokens=40,
                           ignore_eos=True)
     next(gen)
-    t0 = time.monotonic()
-    with pytest.raises(SessionBusyError, match="session 'busy' is busy") as e:
-        mgr.chat("busy", "hi", **TINY)
-    assert 0.4 < time.monotonic() - t0 < 5 and "turn" in _one_line(e.value)
+    errors: list[BaseException] = []
+
+    def other_thread() -> None:  # another consumer: waits for the paused stream, then gives up
+        t0 = time.monotonic()
+        with pytest.raises(SessionBusyError, match="session 'busy' is busy") as e:
+            mgr.chat("busy", "hi", **TINY)
+        assert 0.4 < time.monotonic() - t0 < 5 and "turn" in _one_line(e.value)
+
+    worker = threading.Thread(target=lambda: _record(errors, other_thread))
+    worker.start()
+    worker.join()
+    assert not errors, errors
     assert isinstance(mgr.chat("other", "hi", **TINY), TurnResult)  # no global lock
     gen.close()
     assert isinstance(mgr.chat("busy", "hi", **TINY), TurnResult)
     mgr.close()
+
+
+def _record(errors: list[BaseException], fn: Any) -> None:
+    try:
+        fn()
+    except BaseException as e:  # the test asserts none were recorded
+        errors.append(e)
+
+
+def test_a_stream_left_paused_is_closed_by_its_consumers_next_turn(
+        manager: ConversationManager) -> None:
+    """A stream its consumer left paused (a ``break`` out of a loop over a stream still
+    referenced; LlamaIndex's ``gen = llm.stream_chat(...)``) is abandoned: the same consumer's
+    next turn of the session closes it (nothing stored) instead of waiting ``lock_timeout_s``
+    and failing with ``SessionBusyError``; in sync code and in one asyncio task alike."""
+    manager.open_session("left")
+    long = {"temperature": 0.0, "max_tokens": 200, "ignore_eos": True}
+    gen = manager.stream_chat("left", "Count from one to a hundred.", **long)
+    next(gen)
+    t0 = time.monotonic()
+    t = manager.chat("left", "Say one word.", **TINY)
+    # the old code waited lock_timeout_s (3 s) and raised; a thread first waits 1 s for a step
+    assert t.history == "appended" and time.monotonic() - t0 < 10
+    assert list(gen) == []  # closed: resumed, it ends
+    assert [m.content for m in manager.history("left")] == ["Say one word.", t.text]
+
+    async def run() -> TurnResult:
+        agen = manager.astream_chat("left", "Count from one to a hundred.", **long)
+        async for _ev in agen:
+            break  # agen still referenced, not closed
+        t0 = time.monotonic()
+        turn = await manager.achat("left", "Say another word.", **TINY)
+        assert time.monotonic() - t0 < 10
+        return turn
+
+    t2 = asyncio.run(run())
+    assert t2.history == "appended" and len(manager.history("left")) == 4
+    assert not manager._locks.held("left")
+
+
+def test_a_stream_stepped_from_another_thread_is_left_alone(
+        manager: ConversationManager) -> None:
+    """A thread pool steps one live stream from several threads (Starlette's
+    ``iterate_in_threadpool``): a thread that stepped it last and starts another turn of the
+    session must not close it while another thread goes on stepping it; it waits its turn."""
+    manager.open_session("pool")
+    gen = manager.stream_chat("pool", "Count from one to a hundred.", temperature=0.0,
+                              max_tokens=24, ignore_eos=True)
+    next(gen)  # stepped last by this thread
+    events: list[Any] = []
+
+    def other_worker() -> None:
+        time.sleep(0.3)  # within the grace this thread gives a paused stream
+        events.extend(gen)
+
+    worker = threading.Thread(target=other_worker)
+    worker.start()
+    t = manager.chat("pool", "Say one word.", **TINY)
+    worker.join()
+    assert isinstance(events[-1], TurnResult) and events[-1].history == "appended"
+    assert t.history == "appended" and len(manager.history("pool")) == 4
 
 
 def test_async_twins_and_raw_text(manager: ConversationManager) -> None:

@@ -4,6 +4,7 @@ input, and generated token ids kept in SQL."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -424,3 +425,17 @@ def test_penalties_reach_the_engine(chat: SuffixMemChatModel) -> None:
     # not equal: the repeated prompt is cached, and bf16 logits differ a little from a cold run
     assert plain.lower().count("cat") > max(penalised.lower().count("cat"),
                                             per_call.lower().count("cat"))
+
+
+def test_a_stream_left_unread_does_not_block_the_next_turn(chat: SuffixMemChatModel) -> None:
+    """A ``break`` out of a stream that is still referenced leaves it unclosed; the next turn
+    of the session closes it (nothing of it stored) instead of waiting a minute for its lock
+    and failing with ``SessionBusyError``."""
+    cfg = {"configurable": {"session_id": "lc-left"}}
+    it = chat.stream("Count from one to fifty.", config=cfg, max_tokens=64)
+    for _ in it:
+        break
+    t0 = time.monotonic()
+    reply = chat.invoke([HumanMessage("What is the capital of Japan?")], config=cfg)
+    assert time.monotonic() - t0 < 20 and reply.response_metadata["history"] == "new"
+    assert len(chat.get_manager().history("lc-left")) == 2

@@ -3,6 +3,8 @@ tokens, and chat engines whose turns read ever more of the prompt from cache."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -186,3 +188,26 @@ def test_penalties_reach_the_engine(llm: SuffixMemLLM) -> None:
     # not equal: the repeated prompt is cached, and bf16 logits differ a little from a cold run
     assert plain.lower().count("dog") > max(penalised.lower().count("dog"),
                                             per_call.lower().count("dog"))
+
+
+def test_a_stream_left_unread_does_not_block_the_next_turn(llm: SuffixMemLLM) -> None:
+    """LlamaIndex's idiom names the stream (``gen = llm.stream_chat(...)``), so stopping early
+    leaves it referenced and unclosed: the next turn of the session closes it (nothing of it
+    stored) instead of waiting a minute for its lock and failing; sync and async."""
+    model = llm.model_copy(update={"session_id": "li-left", "max_tokens": 64})
+    ask = [ChatMessage(role=MessageRole.USER, content="Count from one to fifty.")]
+    gen = model.stream_chat(ask)
+    next(gen)
+    t0 = time.monotonic()
+    reply = model.chat(QUESTION, max_tokens=8)
+    assert time.monotonic() - t0 < 20 and reply.raw["usage"]["history"] == "new"
+
+    async def run() -> Any:
+        agen = await model.astream_chat(ask)
+        async for _r in agen:
+            break
+        return await model.achat([*QUESTION, reply.message, *ask], max_tokens=8)
+
+    again = asyncio.run(run())
+    assert again.raw["usage"]["history"] == "appended"
+    assert len(model.get_manager().history("li-left")) == 4
