@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -62,6 +63,8 @@ from suffixmem.conversation.validation import check_session_id, check_text
 from suffixmem.conversation.write_behind import PendingCommits
 from suffixmem.engine.protocol import ROLES
 from suffixmem.errors import InvalidRequestError, StoreError, UnknownSessionError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "NewMessage", "NewSession", "SegmentEvent", "SegmentRecord", "SegmentSighting",
@@ -168,6 +171,8 @@ class Store(TurnQueries, SegmentQueries):
 
     def close(self) -> None:
         self.pending.settle_all()
+        for line in self.pending.failures():  # nobody read these sessions again: say so
+            log.error("%s", line)
         self.reader.close()
         self.engine.dispose()
 

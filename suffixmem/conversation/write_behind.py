@@ -28,8 +28,11 @@ Contract:
   as a ``Job`` for the caller to queue; an earlier commit of the session still pending runs
   first (order is kept even if a caller settles only the newest).
 - ``settle(session_id)``: when it returns the session's commits have run. A commit that failed
-  raises here, once, as ``StoreError`` naming the session and the cause (the worker has also
-  logged it); later calls proceed.
+  raises here, once, as ``StoreError`` naming the session, how many turns were lost and the
+  cause (the worker has also logged it); later calls proceed.
+- A commit queued behind one that fails is not run: its turn was planned from the failed
+  commit's projection (its prompt read that turn), so stored on top of what is really there it
+  would answer a turn the history does not have. It is lost with it, and counted.
 - ``add(..., projection=)`` keeps what the commit will leave (the store's ``CachedHistory``);
   ``projection(session_id)`` returns it while that commit is queued and has not finished, and
   the store serves the session's next turn from it. It is kept with the job rather than read
@@ -61,25 +64,33 @@ class PendingCommits:
         self._jobs: dict[str, Job] = {}
         # session -> what its newest pending commit will leave (``add(projection=)``)
         self._projections: dict[str, Any] = {}
-        self._failed: dict[str, BaseException] = {}
+        self._failed: dict[str, _Lost] = {}  # reported by the session's next settle
         self._lock = threading.Lock()  # guards the dicts only, never held while a job runs
         _LIVE.add(self)
 
     def add(self, session_id: str, fn: Callable[[], Any], name: str = "turn commit",
             projection: Any = None) -> Job:
         with self._lock:
+            # still registered: pending, or failed and not reported yet (a commit that ran is
+            # forgotten), so a turn planned on a failed commit's projection is lost with it
             earlier = self._jobs.get(session_id)
-            if earlier is not None and earlier.done:
-                earlier = None
 
             def commit() -> Any:
                 if earlier is not None:
                     try:
                         earlier.run()
-                    except Exception as e:  # reported by settle(); this commit goes on
+                    except Exception as e:
+                        # planned on top of the lost turn: lost with it (module docstring)
                         with self._lock:
-                            self._failed.setdefault(session_id, e)
-                value = fn()
+                            self._failed.setdefault(session_id, _Lost(e)).behind += 1
+                        raise StoreError(f"session {session_id!r}: a turn was not stored "
+                                         f"because the turn before it was not ({e})") from e
+                try:
+                    value = fn()
+                except Exception as e:  # kept for settle(): the next plan reads the store
+                    with self._lock:
+                        self._failed.setdefault(session_id, _Lost(e))
+                    raise
                 self._forget(session_id, job)  # nothing left to settle (a failure is kept)
                 return value
 
@@ -104,7 +115,7 @@ class PendingCommits:
             job.run()
         except Exception as e:
             with self._lock:
-                self._failed[session_id] = e
+                self._failed.setdefault(session_id, _Lost(e))
         self._forget(session_id, job)
 
     def projection(self, session_id: str) -> Any:
@@ -122,16 +133,34 @@ class PendingCommits:
             self._finish(session_id, job)
         if self._failed:
             with self._lock:
-                error = self._failed.pop(session_id, None)
-            if error is not None:
-                raise StoreError(
-                    f"session {session_id!r}: its last turn was not stored ({error})") from error
+                lost = self._failed.pop(session_id, None)
+            if lost is not None:
+                raise StoreError(lost.message(session_id)) from lost.error
+
+    def failures(self) -> list[str]:
+        """Lost turns not reported yet, one line per session, forgotten once read."""
+        with self._lock:
+            lost, self._failed = self._failed, {}
+        return [f.message(sid) for sid, f in lost.items()]
 
     def settle_all(self) -> None:
         with self._lock:
             pending = list(self._jobs.items())
         for session_id, job in pending:
             self._finish(session_id, job)
+
+
+class _Lost:
+    """A session's turns lost in the background: the first commit's error and how many turns
+    (that one and those queued behind it)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error, self.behind = error, 0  # behind: turns queued after the one that failed
+
+    def message(self, session_id: str) -> str:
+        n = self.behind + 1
+        which = "its last turn was" if n == 1 else f"its last {n} turns were"
+        return f"session {session_id!r}: {which} not stored ({self.error})"
 
 
 _LIVE: weakref.WeakSet[PendingCommits] = weakref.WeakSet()

@@ -59,6 +59,32 @@ def test_a_failed_commit_is_reported_once_to_its_own_session() -> None:
     pending.settle("bad")  # reported once
 
 
+def test_commits_queued_behind_a_failed_one_are_lost_with_it() -> None:
+    """A turn planned on a commit's projection read that turn: stored on top of a history
+    without it, it answered a turn that does not exist (found by an outside audit). It is lost
+    with it, and the report counts both."""
+    pending, ran = PendingCommits(), []
+
+    def refuse() -> None:
+        raise RuntimeError("database is locked")
+
+    jobs = [pending.add("s", refuse), pending.add("s", lambda: ran.append(1)),
+            pending.add("s", lambda: ran.append(2))]
+    for job in jobs:  # the worker runs them in order
+        with pytest.raises((RuntimeError, StoreError)):
+            job.run()
+    assert ran == []
+    with pytest.raises(StoreError, match=r"session 's': its last 3 turns were not stored "
+                                         r"\(database is locked\)"):
+        pending.settle("s")
+    pending.add("s", lambda: ran.append(3)).run()  # planned after the report: stored
+    assert ran == [3]
+    pending.add("t", refuse)
+    pending.settle_all()
+    assert pending.failures() == ["session 't': its last turn was not stored "
+                                  "(database is locked)"] and pending.failures() == []
+
+
 def test_a_caller_waits_for_a_commit_the_worker_is_running() -> None:
     pending, started, release = PendingCommits(), threading.Event(), threading.Event()
     done: list[str] = []
@@ -275,6 +301,34 @@ def test_a_commit_refused_behind_the_caller_fails_that_sessions_next_call_once(
     assert manager.chat("gone", "Start over.", create=True, **TINY).text is not None
     assert manager.history("gone")[0].content == "Start over."
     assert manager.history("kept")[0].content == "Hello!"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_turn_planned_on_a_lost_turn_is_not_stored_on_top(
+        manager: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first commit fails in the background (the database locked past its busy timeout);
+    the next turn, planned meanwhile from that commit's projection, is not stored on top of
+    what is really there: both are reported lost, and the session goes on from what is stored."""
+    manager._background.delay_s = 60.0  # the worker waits: both turns queue
+    manager.open_session("lost")
+    commit, calls = manager.store._commit, []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise StoreError("database is locked")
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(manager.store, "_commit", flaky)
+    first = manager.chat("lost", "Name a colour.", **TINY)
+    second = manager.chat("lost", "What colour did you name?", **TINY)
+    assert second.prompt_tokens > first.prompt_tokens  # it read the first turn
+    with pytest.raises(StoreError, match="session 'lost': its last 2 turns were not stored"):
+        manager.history("lost")
+    assert manager.history("lost") == [] and len(calls) == 1
+    assert manager.chat("lost", "Start again.", **TINY).history == "appended"
+    assert manager.history("lost")[0].content == "Start again."
 
 
 @pytest.mark.slow
