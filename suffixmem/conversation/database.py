@@ -39,13 +39,14 @@ for each unit of work.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -255,8 +256,20 @@ def read_engine(engine: Engine) -> Engine:
 
 
 def upgrade(url_or_engine: str | Engine, revision: str = "head") -> None:
-    """Upgrade the database to ``revision`` (default: the newest)."""
+    """Upgrade the database to ``revision`` (default: the newest). A database already at the
+    newest is only read: the upgrade's write lock would make every open (a read-only
+    ``sessions list`` included) wait behind any long writer, and fail after its busy timeout."""
+    if revision == "head" and current_revision(url_or_engine) == head_revision():
+        return
     _migrate(url_or_engine, "upgrade", revision)
+
+
+@functools.cache
+def head_revision() -> str | None:
+    """The newest revision this suffixmem ships."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def downgrade(url_or_engine: str | Engine, revision: str = "base") -> None:
@@ -269,7 +282,7 @@ def current_revision(url_or_engine: str | Engine) -> str | None:
 
     engine = make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
     try:
-        with engine.connect() as conn:
+        with read_engine(engine).connect() as conn:  # never queues behind a writer
             return MigrationContext.configure(conn).get_current_revision()
     except SQLAlchemyError as e:
         raise StoreError(
@@ -280,6 +293,10 @@ def current_revision(url_or_engine: str | Engine) -> str | None:
             engine.dispose()
 
 
+# the advisory lock that serialises migrations on PostgreSQL (any fixed 64-bit key)
+MIGRATION_LOCK = 0x5346584D454D  # "SFXMEM"
+
+
 def _migrate(url_or_engine: str | Engine, direction: str, revision: str) -> None:
     from alembic import command
     from alembic.util.exc import CommandError
@@ -288,6 +305,11 @@ def _migrate(url_or_engine: str | Engine, direction: str, revision: str) -> None
     where = f"cannot {direction} database {mask_url(str(engine.url))} to {revision!r}"
     try:
         with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # processes opening a fresh database at once raced on CREATE TABLE ("duplicate
+                # key ... pg_type_typname_nsp_index"); serialised, the later ones find it done.
+                # (SQLite's BEGIN IMMEDIATE serialises them already.)
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
             getattr(command, direction)(alembic_config(conn), revision)
     except SQLAlchemyError as e:
         raise StoreError(

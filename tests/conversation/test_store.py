@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from suffixmem.conversation.database import current_revision, downgrade, upgrade
+from suffixmem.conversation.database import current_revision, downgrade, head_revision, upgrade
 from suffixmem.conversation.records import NewMessage, NewSession, SegmentSighting, TurnEvent
 from suffixmem.conversation.schema import Base
 from suffixmem.conversation.store import Store
@@ -46,6 +50,43 @@ def test_migrations_up_and_down(db_url: str) -> None:
     assert current_revision(db_url) is None
     upgrade(db_url)  # and up again from empty
     assert _tables(db_url) == TABLES
+
+
+OPEN_AT = """
+import sys, time
+from suffixmem.conversation.store import Store
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+Store(sys.argv[1]).close()
+"""
+
+
+def test_processes_opening_a_fresh_database_at_once_all_succeed(db_url: str) -> None:
+    """Workers starting together on a new database: on PostgreSQL all but one failed the
+    migration ("duplicate key ... pg_type_typname_nsp_index", found by an outside audit); it
+    is serialised by an advisory lock now."""
+    start = time.time() + 6  # after every process imported the store
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT, db_url, str(start)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    errors = [p.communicate(timeout=180)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [e.strip()[-300:] for e in errors]
+    assert current_revision(db_url) == head_revision()
+
+
+def test_opening_a_database_at_head_does_not_wait_for_a_writer(sqlite_url: str) -> None:
+    """At the newest revision an open only reads: it used to take the write lock to upgrade,
+    so ``sessions list`` waited behind any writer and failed after the busy timeout."""
+    Store(sqlite_url).close()
+    writer = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        t0 = time.monotonic()
+        st = Store(sqlite_url)
+        assert st.list_sessions() == [] and time.monotonic() - t0 < 5  # busy timeout: 30 s
+        st.close()
+    finally:
+        writer.rollback()
+        writer.close()
 
 
 def test_session_lookups_are_indexed(sqlite_url: str) -> None:
