@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from suffixmem.errors import ConfigError
+
 
 @contextlib.contextmanager
 def quiet_stdout(active: bool = True) -> Iterator[None]:
@@ -45,12 +47,17 @@ def quiet_start(log_path: Path | None = None) -> Iterator[TextIO]:
         from suffixmem.config import suffixmem_home
 
         log_path = suffixmem_home() / "logs" / "engine-start.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "w+b")  # noqa: SIM115  (closed by the with below)
+    except OSError as e:  # a file where the folder belongs, a folder not writable
+        raise ConfigError(f"cannot write the engine's start log {log_path}: {e.strerror} "
+                          "(set SUFFIXMEM_HOME to a folder you can write)") from None
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1)
-    with open(log_path, "w+b") as log:
+    with log:
         # fd level, not sys.stdout/sys.stderr: native code bypasses Python's streams
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)

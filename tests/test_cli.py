@@ -101,6 +101,36 @@ def test_unusable_suffixmem_home_is_a_one_line_config_error(tmp_path: Path) -> N
             _one_line_error(r, "SUFFIXMEM_HOME", why)
 
 
+def test_blocked_paths_inside_the_home_are_one_line_errors(tmp_path: Path) -> None:
+    """A file where ``logs/`` belongs, a folder where the turn lock file belongs: one line
+    each, no traceback (found by an outside audit)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "logs").write_text("in the way")
+    from suffixmem.config import suffixmem_home
+
+    (home / "models").symlink_to(suffixmem_home() / "models")  # no conversion first
+    env = {k: v for k, v in os.environ.items() if k != "SUFFIXMEM_DATABASE_URL"}
+    r = subprocess.run([*EXE, "ask", "--engine", "torch", "hi"], capture_output=True,
+                       text=True, timeout=120, env={**env, "SUFFIXMEM_HOME": str(home)})
+    _one_line_error(r, "engine's start log", "SUFFIXMEM_HOME")
+    from suffixmem.conversation.cluster import _file_lock
+    from suffixmem.errors import StoreError
+
+    (tmp_path / "db-turns.lock").mkdir()
+    with pytest.raises(StoreError, match=r"cannot open the turn lock file .*db-turns\.lock"), \
+            _file_lock(str(tmp_path / "db-turns.lock"), "s", 1.0):
+        pass
+
+
+def test_manager_settings_in_the_database_url_place_are_a_clear_type_error() -> None:
+    from suffixmem.conversation.manager import ConversationManager, ManagerConfig
+
+    with pytest.raises(TypeError, match=r"database_url must be a string .* config=") as e:
+        ConversationManager(object(), ManagerConfig())  # type: ignore[arg-type]
+    assert "\n" not in str(e.value)
+
+
 def test_unparseable_database_url_is_shown_with_its_password_masked(tmp_path: Path) -> None:
     url = "postgresql+psycopg://alice:hunter2@db.example:port/chat"
     for args in (["ask", "--database", url, "hi"], ["chat", "--database", url]):

@@ -34,6 +34,7 @@ from suffixmem.conversation.locks import SessionBusyError
 from suffixmem.conversation.schema import SessionRow
 from suffixmem.conversation.store import Store
 from suffixmem.engine.routing import MemoryPins
+from suffixmem.errors import StoreError
 
 _POLL_S = 0.05
 
@@ -111,7 +112,12 @@ def _file_lock(path: str, session_id: str, timeout_s: float) -> Iterator[None]:
         # every POSIX lock the process holds on it
         fd = _FILES.get(path)
         if fd is None:
-            fd = _FILES[path] = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fd = _FILES[path] = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as e:  # a folder in its place, a read-only folder
+                raise StoreError(f"cannot open the turn lock file {path}: {e.strerror} (it "
+                                 "sits next to the database; remove what is in its way)"
+                                 ) from None
     offset = advisory_key(session_id) & ((1 << 62) - 1)
     deadline = time.monotonic() + timeout_s
     while True:
