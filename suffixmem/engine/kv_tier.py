@@ -109,8 +109,21 @@ class KVTier:
         self.stats = TierStats()
         self._index: OrderedDict[str, _Entry] = OrderedDict()  # LRU first
         self.num_bytes = 0
+        self._failures_told: set[int | None] = set()  # errnos of write failures logged
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._scan()
+
+    def write_failed(self, error: OSError) -> None:
+        """Say once per kind (errno) that blocks cannot be written: a full disk fails every
+        block of every turn, and a traceback per block buried the one fact that matters. The
+        turn goes on without its tier copy."""
+        if error.errno in self._failures_told:
+            log.debug("KV tier write failed again: %s", error)
+            return
+        self._failures_told.add(error.errno)
+        log.warning("KV tier: cannot write blocks to %s (%s); turns go on without their tier "
+                    "copy, and further failures like this one are not logged",
+                    self.dir, error.strerror or error)
 
     # -- keys -----------------------------------------------------------------------------------
     def key(self, block_hash: bytes) -> str:

@@ -157,8 +157,8 @@ class SuffixmemTierConnector(KVConnectorBase_V1):
                 parent = bytes(hashes[j - 1]) if j else None
                 tier.put(salt, h, parent, request.all_token_ids[j * bs:(j + 1) * bs],
                          read_block(shared, block_ids[j]))
-        except OSError:  # a full disk loses the tier copy, never the request
-            log.warning("KV tier write failed", exc_info=True)
+        except OSError as e:  # a full disk loses the tier copy, never the request
+            tier.write_failed(e)
         return False, None
 
     # -- worker side ----------------------------------------------------------------------------

@@ -130,3 +130,21 @@ def test_policy_can_keep_blocks_out_and_budget_is_validated(tmp_path: Path) -> N
         KVTier(tmp_path, FP, 0)
     with pytest.raises(ConfigError, match="retention policy"):
         KVTier(tmp_path, FP, 1 << 20, policy="nope")
+
+
+def test_write_failures_are_told_once_per_kind(tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk fails every block of every turn: the engines' hooks say it once, in one
+    line naming the folder and the cause, instead of a traceback per block."""
+    tier = KVTier(tmp_path, FP, 1 << 20)
+    tier.session_dir("alice").write_bytes(b"")  # a file where the session's folder belongs
+    caplog.set_level("DEBUG", logger="suffixmem.engine.kv_tier")
+    for fill in range(3):
+        salt, h, parent, toks, payload = block("alice", fill=fill, tokens=(fill, *TOKENS[1:]))
+        with pytest.raises(OSError) as e:
+            tier.put(salt, h, parent, toks, payload)
+        tier.write_failed(e.value)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(tier.dir) in warnings[0].getMessage()
+    assert warnings[0].exc_info is None and "\n" not in warnings[0].getMessage()
+    assert len(caplog.records) == 3  # the others at debug level

@@ -82,8 +82,8 @@ class TorchTier:
             return
         try:
             self.tier.put(salt, block.block_hash, parent, chunk, self._payload(block.block_id))
-        except OSError:  # a full disk loses the tier copy, never the request
-            log.warning("KV tier write failed", exc_info=True)
+        except OSError as e:  # a full disk loses the tier copy, never the request
+            self.tier.write_failed(e)
 
     def extend(self, seq: Sequence) -> int:
         """Load the tier's run of blocks that follows ``seq``'s prefix hit; returns the tokens
