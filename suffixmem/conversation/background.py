@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from suffixmem.errors import SuffixmemError
+
 log = logging.getLogger(__name__)
 
 
@@ -134,5 +136,7 @@ class Background:
     def _run(job: Job) -> None:
         try:
             job.run()
+        except SuffixmemError as e:  # expected (a commit refused): one line, no traceback
+            log.warning("background job %s failed: %s", job.name or "?", e)
         except Exception:  # the job's owner sees it through run(); the worker goes on
             log.warning("background job %s failed", job.name or "?", exc_info=True)
