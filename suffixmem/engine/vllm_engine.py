@@ -12,11 +12,13 @@ scope ``app`` gives every session of the tenant one salt (``suffixmem/engine/iso
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,6 +153,10 @@ class VLLMEngine(BaseEngine):
             _warm_up(self._engine)
 
         self._start_driver("suffixmem-vllm", setup)
+        # vLLM registered its exit handlers while it started; this one, registered after, runs
+        # before them: the driver stops stepping before vLLM frees the KV cache under it (a
+        # request still in flight at exit, a stream left unread, printed a screen of traceback)
+        atexit.register(_stop_at_exit, weakref.ref(self))
         with VLLMEngine._live_lock:
             VLLMEngine._live += 1
             others = VLLMEngine._live - 1
@@ -350,3 +356,9 @@ class VLLMEngine(BaseEngine):
             # vLLM keeps one KV connector per process: drop ours, or every other vLLM engine
             # in the process would keep calling it (and fail) after this one is gone
             ensure_kv_transfer_shutdown()
+
+
+def _stop_at_exit(ref: weakref.ref[VLLMEngine]) -> None:
+    engine = ref()
+    if engine is not None and not engine._closed:
+        engine._stop_driver()

@@ -255,3 +255,24 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_queueing(engine: An
     edge = engine.generate(Request(_key(), token_ids=[1, vocab - 1],
                                    sampling=SamplingParams(max_tokens=2)))
     assert edge.prompt_tokens == 2
+
+
+@pytest.mark.vllm
+def test_a_process_that_exits_mid_stream_on_vllm_is_quiet(model_path: Any) -> None:
+    """A script that stops reading a stream (still referenced) and exits: the driver stops
+    before vLLM's exit handlers free the KV cache it steps on (a screen of "engine step
+    failed" traceback before; found by an outside audit)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from suffixmem.engine import create_engine\n"
+            "from suffixmem.engine.protocol import Message, Request, SamplingParams\n"
+            f"e = create_engine('vllm', model={str(model_path)!r})\n"
+            "events = e.stream(Request(session_key='s', messages=[Message('user', 'Tell me a "
+            "long story.')], sampling=SamplingParams(max_tokens=200, ignore_eos=True)))\n"
+            "print(type(next(events)).__name__, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    assert out.returncode == 0 and out.stdout.strip().endswith("TokenEvent"), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "step failed" not in out.stderr, out.stderr[-3000:]
