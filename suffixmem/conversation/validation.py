@@ -11,6 +11,7 @@ the field. Nothing here imports the engine or the database.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
 
@@ -47,6 +48,20 @@ def check_session_id(session_id: object, field: str = "session_id") -> str:
     if not isinstance(session_id, str) or not session_id.strip():
         raise InvalidRequestError(f"{field} must be a non-empty string, got {session_id!r:.80}")
     return check_text(field, session_id, max_chars=MAX_ID_LEN)
+
+
+def check_settings(owner: str, given: Iterable[str], model: Any,
+                   accepted: Iterable[str] = ()) -> None:
+    """The keyword arguments ``given`` to a pydantic model class ``model`` (an adapter's
+    constructor) are all its fields, their aliases or ``accepted`` (the framework's standard
+    settings that mean nothing here, e.g. an ``api_key``): pydantic drops others silently, so
+    a typo (``max_token=5``) was a setting that did nothing."""
+    fields = model.model_fields
+    known = set(fields) | {f.alias for f in fields.values() if f.alias} | set(accepted)
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise InvalidRequestError(
+            f"{owner}: unknown setting(s) {unknown}; known: {sorted(known)}")
 
 
 def check_sampling(sampling: dict[str, Any]) -> dict[str, Any]:

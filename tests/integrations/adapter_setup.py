@@ -52,4 +52,6 @@ BAD_CONSTRUCTION: list[tuple[dict[str, Any], type[Exception], str]] = [
      r"unknown engine options \['max_model_lenn'\]"),
     ({"engine": "remote"}, ConfigError, "needs urls"),
     ({"engine_options": {"model": "x"}}, ConfigError, "the model is named twice"),
+    # pydantic drops unknown keywords silently: a typo was a setting that did nothing
+    ({"max_token": 5}, InvalidRequestError, r"unknown setting\(s\) \['max_token'\]"),
 ]

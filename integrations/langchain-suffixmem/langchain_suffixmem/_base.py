@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig
+from suffixmem.conversation.validation import check_settings
 from suffixmem.engine import check_engine
 from suffixmem.engine.protocol import SamplingParams
 from suffixmem.errors import InvalidRequestError, ModelError
@@ -73,6 +74,9 @@ class SuffixMemParams(BaseModel):
     """Seconds a call may take, checked between tokens; ``TimeoutError`` aborts it (nothing is
     stored)."""
     streaming: bool = False
+    stream_usage: bool = True
+    """Accepted as ``ChatOpenAI`` takes it (also per call); usage always rides on the last
+    streamed chunk."""
     show_schema: bool = True
     """Show the model the JSON schema of structured output (a system message after the
     conversation, not stored) besides constraining decoding to it."""
@@ -80,6 +84,10 @@ class SuffixMemParams(BaseModel):
     _manager: ConversationManager | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
+        # LangChain's standard chat-model settings (``langchain_tests``' params, ChatOpenAI's):
+        # a local engine needs no key and makes no network call to retry
+        check_settings(type(self).__name__, data, type(self),
+                       accepted=("api_key", "max_retries", "base_url"))
         super().__init__(**data)
         # checked here, not in a pydantic validator, which would wrap the library's one-line
         # InvalidRequestError / ConfigError into a multi-line ValidationError
@@ -148,6 +156,7 @@ class SuffixMemParams(BaseModel):
         session_id = kwargs.pop("session_id") if "session_id" in kwargs else self.session_id
         kwargs.pop("model", None)  # the call's engine: ``_call_manager``
         kwargs.pop("stream", None)  # LangChain's own streaming switch
+        kwargs.pop("stream_usage", None)  # ChatOpenAI's; usage is always on the last chunk
         unknown = sorted(set(kwargs) - SAMPLING_KWARGS)
         if unknown:
             raise InvalidRequestError(

@@ -246,7 +246,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        return self._with_llm_output(
+            generate_from_stream(self._stream(messages, stop, run_manager, **kwargs)))
 
     async def _agenerate(
         self,
@@ -255,7 +256,35 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+        return self._with_llm_output(
+            await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs)))
+
+    def _combine_llm_outputs(self, llm_outputs: list[dict[str, Any] | None]) -> dict[str, Any]:
+        """``generate``'s ``llm_output`` over several prompts: usage summed (as ChatOpenAI)."""
+        usage: dict[str, int] = {}
+        model = None
+        for out in llm_outputs:
+            if out:
+                model = out.get("model_name") or model
+                for key, n in (out.get("token_usage") or {}).items():
+                    usage[key] = usage.get(key, 0) + n
+        return {"token_usage": usage, "model_name": model}
+
+    @staticmethod
+    def _with_llm_output(result: ChatResult) -> ChatResult:
+        """``llm_output`` as ``ChatOpenAI`` fills it (``token_usage`` in OpenAI's names and the
+        model), for callback handlers that read it rather than ``usage_metadata``."""
+        message = result.generations[0].message
+        u = getattr(message, "usage_metadata", None)
+        if u:
+            cached = (u.get("input_token_details") or {}).get("cache_read", 0)
+            result.llm_output = {
+                "token_usage": {"prompt_tokens": u["input_tokens"],
+                                "completion_tokens": u["output_tokens"],
+                                "total_tokens": u["total_tokens"], "cached_tokens": cached},
+                "model_name": message.response_metadata.get("model_name"),
+            }
+        return result
 
     # LangChain's v3 event stream takes the config too; read the session from it.
     def stream_events(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:

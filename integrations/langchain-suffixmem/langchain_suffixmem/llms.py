@@ -39,7 +39,7 @@ def usage(event: Result | TurnResult) -> dict[str, Any]:
     return {
         "prompt_tokens": result.prompt_tokens,
         "cached_tokens": result.cached_tokens,
-        "output_tokens": result.output_tokens,
+        "completion_tokens": result.output_tokens,  # LangChain's and OpenAI's name
         "total_tokens": result.prompt_tokens + result.output_tokens,
         "ttft_s": result.ttft_s,
         "latency_s": result.latency_s,
@@ -147,7 +147,8 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
                 "model_name": model,
                 "token_usage": {
                     key: sum(int(i.get(key, 0)) for i in infos)
-                    for key in ("prompt_tokens", "cached_tokens", "output_tokens", "total_tokens")
+                    for key in ("prompt_tokens", "cached_tokens", "completion_tokens",
+                                "total_tokens")
                 },
             },
         )

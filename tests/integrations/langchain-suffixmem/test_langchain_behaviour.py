@@ -144,13 +144,19 @@ def test_stop_sequence_cuts_exactly(chat: SuffixMemChatModel) -> None:
 
 def test_stream_is_token_by_token_and_equals_invoke(chat: SuffixMemChatModel) -> None:
     text = chat.invoke("Tell me about cats.", max_tokens=16).content
-    chunks = list(chat.stream("Tell me about cats.", max_tokens=16))
+    chunks = list(chat.stream("Tell me about cats.", max_tokens=16,
+                              stream_usage=True))  # ChatOpenAI's switch: accepted
     pieces = [c.content for c in chunks if c.content]
     assert "".join(pieces) == text  # type: ignore[arg-type]
     assert len(pieces) >= 8  # one chunk per token, not one per reply
     last = chunks[-1]
     assert last.chunk_position == "last" and last.usage_metadata is not None
     assert last.usage_metadata["output_tokens"] == 16
+    # llm_output as ChatOpenAI fills it, for handlers that read it (it was None)
+    llm_output = chat.generate([[HumanMessage("Tell me about cats.")]], max_tokens=16).llm_output
+    assert llm_output is not None and llm_output["token_usage"]["completion_tokens"] == 16
+    assert llm_output["token_usage"]["total_tokens"] == \
+        llm_output["token_usage"]["prompt_tokens"] + 16
     meta = last.response_metadata
     assert meta["model_name"] == chat.model
     assert 0 < meta["time_to_first_token_s"] <= meta["latency_s"]
@@ -215,9 +221,10 @@ def test_llm_streams_and_reports_usage(shared_engine: Any, database_url: str) ->
     assert "".join(chunks) == text and len([c for c in chunks if c]) >= 2
     result = llm.generate(["What is the capital of Japan?"])
     info = result.generations[0][0].generation_info or {}
-    assert info["output_tokens"] <= 10 and info["cached_tokens"] > 0  # third identical prompt
+    assert info["completion_tokens"] <= 10 and info["cached_tokens"] > 0  # third identical
     assert result.llm_output is not None
     assert result.llm_output["token_usage"]["prompt_tokens"] == info["prompt_tokens"]
+    assert result.llm_output["token_usage"]["completion_tokens"] == info["completion_tokens"]
     # raw continuation: the prompt is not wrapped in the chat template
     raw = SuffixMemLLM(**MODEL_PARAMS, max_tokens=4, chat_template=False,
                        database_url=database_url)
