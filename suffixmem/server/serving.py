@@ -228,7 +228,9 @@ class ChatService:
         if not req.messages:
             raise invalid_value("messages must not be empty", "messages")
         names: dict[str, str] = {}
-        msgs = [Message(m.role, message_text(i, m, names)) for i, m in enumerate(req.messages)]
+        # OpenAI's "developer" role is its newer name for "system" (vLLM's server reads it so)
+        msgs = [Message("system" if m.role == "developer" else m.role, message_text(i, m, names))
+                for i, m in enumerate(req.messages)]
         if msgs[0].role == "system" and not msgs[0].content.strip():
             msgs = msgs[1:]  # an app with no instructions sends one empty: OpenAI reads none
         sampling = self._sampling(req)

@@ -208,3 +208,16 @@ def test_penalties_are_applied(server: Server) -> None:
 
     plain, penalised = reply(), reply(frequency_penalty=1.0, presence_penalty=0.5)
     assert plain.lower().count("cat") > penalised.lower().count("cat")
+
+
+def test_the_developer_role_is_read_as_system(server: Server) -> None:
+    """OpenAI's newer name for the system role (refused with a 400 before)."""
+    c = client(server)
+    sid = f"dev-{uuid.uuid4().hex[:8]}"
+    r = c.chat.completions.create(  # type: ignore[attr-defined]
+        model=server.model, max_tokens=4, temperature=0, extra_headers={"X-Session-ID": sid},
+        messages=[{"role": "developer", "content": "Answer in one word."},
+                  {"role": "user", "content": "Name a colour."}])
+    assert r.choices[0].message.content
+    info = server.manager.get_session(namespace(KEY_A) + sid)  # type: ignore[attr-defined]
+    assert info.system_prompt == "Answer in one word."

@@ -85,6 +85,11 @@ def response_metadata(turn: TurnResult, model_name: str, stored_index: int | Non
     return meta
 
 
+def _called(chunk: ChatGenerationChunk | None) -> bool:
+    """Whether the reply's last chunk is a tool call."""
+    return chunk is not None and bool(getattr(chunk.message, "tool_call_chunks", None))
+
+
 class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     """Chat model on a suffixmem engine: the model's chat template, real token streaming,
     per-session prefix caching, and cached tokens reported as ``cache_read``.
@@ -105,8 +110,9 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     ``with_structured_output`` and ``bind_tools`` use the engine's JSON-schema guided
     decoding (``suffixmem.tool_calls``: a reply is a tool call whose arguments follow the
     tool's schema, or with ``tool_choice="auto"`` a plain answer); both raise
-    ``NotImplementedError`` on engines without it (``supports_json_schema`` is false). A reply
-    under tools is streamed as one chunk once complete (its JSON is not text to show).
+    ``NotImplementedError`` on engines without it (``supports_json_schema`` is false). Under
+    tools a plain answer streams as it is generated; a call comes as one chunk once complete
+    (its JSON is not text to show), with ``finish_reason`` "tool_calls".
     """
 
     @property
@@ -132,7 +138,9 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
     # -- generation -----------------------------------------------------------------------------
     @staticmethod
     def _final_chunk(turn: TurnResult, session_id: str | None, manager: ConversationManager,
-                     model: str) -> ChatGenerationChunk:
+                     model: str, called: bool = False) -> ChatGenerationChunk:
+        """The last chunk: usage and metadata; ``called``: the reply was a tool call, whose
+        ``finish_reason`` is "tool_calls" (OpenAI's, as the server and ``ChatOpenAI`` say)."""
         index = None
         if turn.history == "stateless":  # one message sent alone to a session stores nothing
             session_id = None
@@ -141,14 +149,17 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             # a framework drives one session from one place at a time)
             index = manager.get_session(session_id).message_count - 1
             STORED_TURNS.note(manager, session_id, index, turn.text)
+        meta = response_metadata(turn, model, index)
+        if called:
+            meta["finish_reason"] = "tool_calls"
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content="",
                 usage_metadata=usage_metadata(turn),
-                response_metadata=response_metadata(turn, model, index),
+                response_metadata=meta,
                 chunk_position="last",
             ),
-            generation_info={"finish_reason": turn.result.finish_reason},
+            generation_info={"finish_reason": meta["finish_reason"]},
         )
 
     def _tool_args(self, kwargs: dict[str, Any]
@@ -205,7 +216,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
             if not isinstance(event, TokenEvent):
-                yield self._final_chunk(event, session_id, manager, model)
+                yield self._final_chunk(event, session_id, manager, model, _called(chunk))
 
     async def _astream(
         self,
@@ -237,7 +248,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             if not isinstance(event, TokenEvent):
                 # the session lookup is SQL: keep it off the event loop
                 yield await asyncio.to_thread(self._final_chunk, event, session_id, manager,
-                                              model)
+                                              model, _called(chunk))
 
     def _generate(
         self,
@@ -305,6 +316,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
         tool_choice: str | dict[str, Any] | bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """The model with ``tools`` bound: each reply is a tool call (``AIMessage.tool_calls``,
@@ -312,7 +325,9 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         ``tool_choice`` ``None``/"auto", possibly a plain answer. ``tool_choice``: "auto",
         "none", "any"/"required"/``True``, a tool name or ``{"type": "function", "function":
         {"name": ...}}``. Guided decoding guarantees the shape; raises
-        ``NotImplementedError`` on engines without it."""
+        ``NotImplementedError`` on engines without it. ``parallel_tool_calls`` and ``strict``
+        are accepted as ``ChatOpenAI`` takes them: a reply makes at most one call, and its
+        arguments always follow the schema."""
         if not self.supports_json_schema:
             raise NotImplementedError(
                 f"engine {self._engine_name()!r} has no JSON-schema guided decoding, so "

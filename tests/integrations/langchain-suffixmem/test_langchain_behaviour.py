@@ -169,7 +169,8 @@ def test_a_plain_answer_under_tools_streams_and_equals_invoke(chat: SuffixMemCha
         "name": "add", "description": "Add two integers", "parameters": {
             "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
             "required": ["a", "b"]}}}
-    model = chat.bind_tools([add], tool_choice="none")
+    # ChatOpenAI's bind_tools arguments are accepted (bound, then refused at the call before)
+    model = chat.bind_tools([add], tool_choice="none", parallel_tool_calls=False, strict=True)
     text = model.invoke("Greet the team warmly.", max_tokens=24).content
     chunks = list(model.stream("Greet the team warmly.", max_tokens=24))
     pieces = [c.content for c in chunks if c.content]

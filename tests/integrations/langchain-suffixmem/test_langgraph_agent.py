@@ -46,6 +46,9 @@ def test_agent_calls_the_calculator_and_reads_its_first_step_from_cache(
         call = msgs[1].tool_calls[0]
         assert call["name"] == "calculator" and call["id"].startswith("call_")
         jsonschema.validate(call["args"], ex.calculator.args_schema.model_json_schema())
+        # OpenAI's finish reason for a call, as ChatOpenAI and our server report it
+        assert msgs[1].response_metadata["finish_reason"] == "tool_calls"
+        assert msgs[3].response_metadata["finish_reason"] in ("stop", "length")
         assert msgs[2].tool_call_id == call["id"]
         assert msgs[2].content == ex.calculator.invoke(call["args"])
         assert isinstance(msgs[3].content, str) and not msgs[3].tool_calls

@@ -50,6 +50,7 @@ def test_tool_call_then_result_in_the_session(engine_params: dict[str, Any],
     response = llm.chat_with_tools(TOOLS, "What is 12 times 7?", tool_required=True)
     (call,) = llm.get_tool_calls_from_response(response)
     assert call.tool_id.startswith("call_") and call.tool_name in SCHEMAS
+    assert response.raw["usage"]["finish_reason"] == "tool_calls"  # OpenAI's, as the server
     jsonschema.validate(call.tool_kwargs, SCHEMAS[call.tool_name])
     first = response.raw["usage"]
 

@@ -94,6 +94,8 @@ def tool_responder() -> Respond:
             return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT,
                                                     content=answer.text), delta=piece)
         message = reply_message(text, _marker(u))
+        if message.additional_kwargs.get("tool_calls"):
+            u = {**u, "finish_reason": "tool_calls"}  # OpenAI's, as the server says
         return ChatResponse(message=message, delta=answer.rest(message.content),
                             raw={"usage": u}, additional_kwargs=u)
 
