@@ -28,11 +28,16 @@ manager keeps one copy (SQL) and decides what the call means:
   stored history is replaced by what was sent, atomically with the turn. Under another system
   prompt, a window over the stored history (a RAG chat engine's passages over a memory's
   window) replaces the system prompt only: the history stays whole, as for **windowed**.
-- **stateless**: ``session_id=None``; nothing is stored (see ``anon_key``).
+- **stateless**: ``session_id=None``; nothing is stored (see ``anon_key``). Also a list that
+  ends with a reply: one more reply is asked after it, as OpenAI answers such a list
+  (LangGraph's structured response over a finished agent conversation); it is a question
+  about the conversation, not a turn of it, so the session's cache serves it and nothing is
+  stored. Its tail is that last reply.
 
 A leading ``system`` message is the session's system prompt (a stored one too, as a framework's
 history store writes it, when the session has no other). The messages after the last
-assistant message form the *tail* the model answers (at least one, none of them assistant).
+assistant message form the *tail* the model answers (at least one, none of them assistant,
+except for a list that ends with a reply).
 Assistant messages matched against stored ones are rendered from the stored generated token
 ids (one place for token ids: SQL), so the prompt is the one ``chat`` would have built.
 """
@@ -94,10 +99,9 @@ def check_messages(messages: object, max_chars: int) -> tuple[Message, ...]:
         if m.role == "system" and i > 0:
             raise InvalidRequestError(
                 f"messages[{i}] is a system message; only the first message may be one")
-    if out[-1].role == "assistant" or (len(out) == 1 and out[0].role == "system"):
+    if len(out) == 1 and out[0].role == "system":
         raise InvalidRequestError(
-            f"messages[{len(out) - 1}] is {out[-1].role!r}: nothing to answer (the last "
-            "message must be a user or tool message)")
+            "messages[0] is 'system': nothing to answer (send a user message after it)")
     return out
 
 
@@ -136,6 +140,8 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
               continue_single: bool = False) -> Reconciled:
     """What ``messages`` means against the stored history (``None``: no such session)."""
     system, before, tail = split(messages)
+    if not tail:
+        return _after_a_reply(system, before, stored, stored_system, default_system)
     if stored is None:
         sp = system if system is not None else default_system
         return Reconciled("new", sp, tuple(before), tuple(tail), (*before, *tail), False)
@@ -184,6 +190,24 @@ def reconcile(messages: Sequence[Message], stored: Sequence[Message] | None,
     hist = tuple(stored[i] if i < n and _same(m, stored[i]) else m
                  for i, m in enumerate(before))
     return Reconciled("rewritten", sp, hist, tuple(tail), (*hist, *tail), True)
+
+
+def _after_a_reply(system: str | None, conv: list[Message], stored: Sequence[Message] | None,
+                   stored_system: str | None, default_system: str | None) -> Reconciled:
+    """A conversation that ends with a reply, answered as OpenAI answers it: one more reply
+    after it. LangGraph's prebuilt agent asks so for its structured response, over the
+    finished conversation. It is a question about the conversation, not a turn of it:
+    stateless (the session's cache still serves the prefix; matched replies come back with
+    their generated ids), nothing stored."""
+    if stored is None:
+        sp = system if system is not None else default_system
+    else:
+        if stored and stored[0].role == "system" and stored_system in (None, stored[0].content):
+            stored_system, stored = stored[0].content, stored[1:]
+        sp = system if system is not None else stored_system
+        conv = [stored[i] if i < len(stored) and _same(m, stored[i]) else m
+                for i, m in enumerate(conv)]
+    return Reconciled("stateless", sp, tuple(conv[:-1]), (conv[-1],), (), False)
 
 
 def _dropped(conv: Sequence[Message], stored: Sequence[Message]) -> int:

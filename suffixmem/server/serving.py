@@ -231,6 +231,9 @@ class ChatService:
         # OpenAI's "developer" role is its newer name for "system" (vLLM's server reads it so)
         msgs = [Message("system" if m.role == "developer" else m.role, message_text(i, m, names))
                 for i, m in enumerate(req.messages)]
+        if req.messages[-1].role == "assistant" and req.messages[-1].tool_calls:
+            raise invalid_value(f"messages[{len(msgs) - 1}] is a tool call without its result: "
+                                "nothing to answer (send the tool message after it)", "messages")
         if msgs[0].role == "system" and not msgs[0].content.strip():
             msgs = msgs[1:]  # an app with no instructions sends one empty: OpenAI reads none
         sampling = self._sampling(req)

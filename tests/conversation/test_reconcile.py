@@ -150,3 +150,15 @@ def test_a_question_a_history_store_wrote_first_takes_the_first_turns_system_pro
     # once the session has a reply, another system prompt is a rewrite, as before
     assert reconcile(sent(*map(plain, STORED), four), STORED, None, None).kind == "rewritten"
 
+
+
+def test_a_list_that_ends_with_a_reply_asks_one_more_reply_and_stores_nothing() -> None:
+    """As OpenAI answers it (LangGraph's structured response re-reads the finished agent
+    conversation): stateless, the last reply is the tail, matched replies keep their ids."""
+    r = reconcile(sent(*map(plain, STORED)), STORED, SYSTEM, None)
+    assert r.kind == "stateless" and not r.replace and r.to_store == ()
+    assert r.history == tuple(STORED[:-1]) and r.tail == (STORED[-1],)
+    assert r.system_prompt == SYSTEM
+    fresh = reconcile([Message("user", "hi"), Message("assistant", "hello")], None, None, "d")
+    assert fresh.kind == "stateless" and fresh.system_prompt == "d"
+    assert fresh.tail == (Message("assistant", "hello"),) and fresh.to_store == ()

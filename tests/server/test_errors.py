@@ -68,6 +68,10 @@ USER = [{"role": "user", "content": "hi"}]
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
     # what the engines cannot do is refused, never silently dropped
     ({"messages": USER, "logprobs": True}, "logprobs", "not supported"),
+    # a call waits for its result (OpenAI refuses it too)
+    ({"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages", "tool call without its result"),
     ({"messages": USER, "frequency_penalty": 2.5}, "frequency_penalty", "[-2, 2]"),
     ({"messages": USER, "logit_bias": {"50256": -100}}, "logit_bias", "not supported"),
     ({"messages": USER, "modalities": ["text", "audio"]}, "modalities", "only text"),

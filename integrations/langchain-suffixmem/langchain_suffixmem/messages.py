@@ -132,6 +132,12 @@ def to_suffixmem(messages: Sequence[BaseMessage]) -> list[Message]:
             continue
         leading = leading and msg.role == "system"
         out.append(msg)
+    last = messages[-1] if messages else None
+    if isinstance(last, AIMessage) and last.tool_calls:
+        # OpenAI refuses it too: a call waits for its result, not for another reply
+        raise InvalidRequestError(
+            f"messages[{len(messages) - 1}] is a tool call without its result: nothing to "
+            "answer (send the ToolMessage with the tool's result after it)")
     return out
 
 

@@ -72,3 +72,27 @@ def test_agent_calls_the_calculator_and_reads_its_first_step_from_cache(
         state = agent.get_state(config)
         assert [m.id for m in state.values["messages"]] == [m.id for m in msgs]
         assert saver.get_tuple(config) is not None
+
+
+def test_prebuilt_agent_with_a_structured_response(engine_params: dict[str, Any],
+                                                   database_url: str) -> None:
+    """``create_react_agent(..., response_format=Schema)`` ends by asking for the structured
+    response over the finished conversation, which ends with the agent's own answer: that
+    list was refused ("nothing to answer"; found by an outside audit). It is answered after
+    the last reply, as OpenAI answers it, and stores nothing: the thread's session keeps the
+    agent's turns only."""
+    from langgraph.prebuilt import create_react_agent
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: str
+        sunny: bool
+
+    model = SuffixMemChatModel(**engine_params, max_tokens=64, temperature=0.0,
+                               database_url=database_url)
+    agent = create_react_agent(model, [], response_format=Weather)
+    config: Any = {"configurable": {"thread_id": "agent-structured"}}
+    out = agent.invoke({"messages": [HumanMessage("It is sunny in Paris today.")]}, config)
+    assert isinstance(out["structured_response"], Weather)
+    roles = [m.role for m in model.get_manager().history("agent-structured")]
+    assert roles == ["user", "assistant"]  # the structured step stored nothing
