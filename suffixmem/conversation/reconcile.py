@@ -96,9 +96,6 @@ def check_messages(messages: object, max_chars: int) -> tuple[Message, ...]:
                 f"messages[{i}] is a {type(m).__name__}, not a suffixmem Message")
         check_text(f"messages[{i}].content", m.content, max_chars=max_chars,
                    allow_empty=m.role == "assistant")
-        if m.role == "system" and i > 0:
-            raise InvalidRequestError(
-                f"messages[{i}] is a system message; only the first message may be one")
     if len(out) == 1 and out[0].role == "system":
         raise InvalidRequestError(
             "messages[0] is 'system': nothing to answer (send a user message after it)")

@@ -117,3 +117,23 @@ def test_without_guided_decoding_tool_calls_are_refused(monkeypatch: pytest.Monk
     assert llm.metadata.is_function_calling_model is False
     with pytest.raises(NotImplementedError, match="not supported by this engine"):
         llm.chat_with_tools(TOOLS, "What is 2 times 3?", tool_required=True)
+
+
+def test_an_agent_out_of_iterations_generates_its_last_answer(engine_params: dict[str, Any],
+                                                            database_url: str) -> None:
+    """``FunctionAgent(early_stopping_method="generate")``, LlamaIndex's own advice once an
+    agent runs out of iterations, appends a system message after the conversation: it was
+    refused ("only the first message may be one"; found by an outside audit), and is read
+    where it stands, as OpenAI reads it."""
+    import asyncio
+
+    from llama_index.core.agent.workflow import FunctionAgent
+
+    agent = FunctionAgent(tools=TOOLS, llm=_llm(engine_params, database_url, max_tokens=48),
+                          system_prompt="Use the tools.", early_stopping_method="generate")
+
+    async def run() -> Any:  # the workflow starts its tasks on the running loop
+        return await agent.run(user_msg="What is 12 times 7?", max_iterations=1)
+
+    out = asyncio.run(run())
+    assert str(out.response.content).strip()
