@@ -338,7 +338,10 @@ class ChatService:
             return f"data: {c.model_dump_json(exclude_none=True)}\n\n"
 
         try:
-            yield chunk(choices=[ChunkChoice(delta=Delta(role="assistant", content=""))])
+            # OpenAI opens a text reply with content "", a tool call with none (the openai
+            # SDK's stream helper fired an empty content event for a call)
+            yield chunk(choices=[ChunkChoice(delta=Delta(
+                role="assistant", content="" if answer is None else None))])
             turn: TurnResult | None = None
             async for e in _chain(first, events):
                 if isinstance(e, TurnResult):

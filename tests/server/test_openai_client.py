@@ -146,6 +146,7 @@ def test_tool_calls_round_trip_with_the_cache(server: Server) -> None:
         tools=[MUL], tool_choice={"type": "function", "function": {"name": "multiply"}},
         max_tokens=40, temperature=0, stream=True)
     deltas = [ch.choices[0] for ch in stream if ch.choices]
+    assert all(d.delta.content is None for d in deltas)  # a call carries no text, not even ""
     calls = [d.delta.tool_calls for d in deltas if d.delta.tool_calls]
     assert len(calls) == 1 and calls[0][0].function.name == "multiply"
     assert json.loads(calls[0][0].function.arguments).keys() == {"a", "b"}
