@@ -81,7 +81,7 @@ class ConversationManager(TurnPath):
 
     def __init__(self, engine: Engine, database_url: str | None = None,
                  config: ManagerConfig | None = None) -> None:
-        if isinstance(database_url, ManagerConfig) or not isinstance(database_url, str | None):
+        if not isinstance(database_url, str | None):
             raise TypeError(f"database_url must be a string (a SQLAlchemy URL) or None, got "
                             f"{type(database_url).__name__}; pass the settings as config=...")
         if config is not None and not isinstance(config, ManagerConfig):

@@ -99,15 +99,13 @@ class TurnPath:
         same consumer closes it if it was left paused (``SessionLocks.park``). By a weak
         reference: a cycle would keep an abandoned stream, and its lock, until the cyclic
         garbage collector ran, where CPython now closes it as soon as nothing refers to it."""
-        me: list[weakref.ref[Generator[TokenEvent | TurnResult, None, None]]] = []
-
         def close() -> None:
-            gen = me[0]()
+            gen = ref()
             if gen is not None:
                 gen.close()
 
         gen = self._run(plan, respec, close)
-        me.append(weakref.ref(gen))
+        ref = weakref.ref(gen)
         return gen
 
     def _run(self, plan: Plan, respec: Callable[[], TurnSpec], close: Callable[[], None]

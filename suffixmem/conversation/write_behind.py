@@ -45,6 +45,7 @@ Contract:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 import weakref
@@ -110,12 +111,10 @@ class PendingCommits:
                 self._projections.pop(session_id, None)
 
     def _finish(self, session_id: str, job: Job) -> None:
-        """Run ``job`` (or wait for it) and drop it; its failure goes to ``_failed``."""
-        try:
+        """Run ``job`` (or wait for it) and drop it; a failure is already in ``_failed`` (the
+        commit ``add`` wrapped records its own)."""
+        with contextlib.suppress(Exception):
             job.run()
-        except Exception as e:
-            with self._lock:
-                self._failed.setdefault(session_id, _Lost(e))
         self._forget(session_id, job)
 
     def projection(self, session_id: str) -> Any:

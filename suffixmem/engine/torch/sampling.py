@@ -20,7 +20,6 @@ def penalise(logits: torch.Tensor, output_ids: list[int], s: SamplingParams) -> 
     if not output_ids or not s.penalised:
         return
     ids, counts = torch.unique(torch.tensor(output_ids, dtype=torch.long), return_counts=True)
-    ids, counts = ids[ids < logits.shape[-1]], counts[ids < logits.shape[-1]]
     drop = counts.to(logits.dtype) * s.frequency_penalty + s.presence_penalty
     logits[ids] -= drop
 
