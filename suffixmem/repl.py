@@ -4,6 +4,10 @@ loop goes on (docs/errors.md). The command line's options and engine start-up ar
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -24,15 +28,37 @@ HELP = "/new \\[system prompt] · /sessions · /stats · /help · /quit (or /exi
 
 def run(mgr: ConversationManager, info: SessionInfo, sampling: dict[str, Any],
         system: str | None, *, created: bool = False) -> None:
-    """Chat on ``info``'s session until /quit or the end of input. A session this chat
-    ``created`` (and each one /new opens) is deleted again if it ends without a stored turn,
-    so an abandoned chat leaves nothing behind, as a failed ``ask`` does."""
+    """Chat on ``info``'s session until /quit, the end of input, SIGTERM or SIGHUP (a closed
+    terminal). A session this chat ``created`` (and each one /new opens) is deleted again if
+    it ends without a stored turn, so an abandoned chat leaves nothing behind, as a failed
+    ``ask`` does (only SIGKILL skips that)."""
     opened = {info.id} if created else set()
     try:
-        _loop(mgr, info, sampling, system, opened)
+        with _signals_end_the_chat():
+            _loop(mgr, info, sampling, system, opened)
     finally:
         for sid in opened:
             drop_if_empty(mgr, sid)
+
+
+@contextmanager
+def _signals_end_the_chat() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``SystemExit`` (128 + the signal, the shell's convention)
+    in the loop, so the cleanup in ``run`` and the caller's ``close`` run. Python's default
+    ends the process at once, which left an empty session and an unclosed engine."""
+    def end(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():  # signal.signal refuses
+        yield
+        return
+    wanted = [s for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s)]
+    before = {name: signal.signal(getattr(signal, name), end) for name in wanted}
+    try:
+        yield
+    finally:
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
 
 
 def drop_if_empty(mgr: ConversationManager, session_id: str) -> None:

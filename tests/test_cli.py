@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -372,6 +373,29 @@ def test_chat_repl_commands_survive_a_session_deleted_elsewhere(tmp_path: Path) 
         "error: unknown session 'gone'", "error: unknown command /frobnicate; /help lists them"]
     assert "/new [system prompt] · /sessions" in out
     assert err.count("\n") == 2 and "error" not in out  # no start-up log, no stray lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_chat_ended_by_a_signal_leaves_no_empty_session(tmp_path: Path, sig: int) -> None:
+    """`kill` or a closed terminal ends `chat` as /quit does: its session, opened up front
+    and never answered, is deleted (Python's default for these signals ended the process
+    at once and left a 0-message session in `sessions list`)."""
+    db = tmp_path / "db.sqlite"
+    env = {**os.environ, "SUFFIXMEM_DATABASE_URL": f"sqlite:///{db}"}
+    proc = subprocess.Popen([*EXE, "chat", "--engine", "torch"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("/sessions\n")
+    proc.stdin.flush()
+    while "0 messages" not in (line := proc.stdout.readline()):
+        assert line, proc.stderr.read() if proc.stderr else ""  # EOF: the REPL ended
+    assert _session_rows(db) == 1  # opened up front
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert _session_rows(db) == 0
 
 
 def _without_root_override() -> list[str]:
