@@ -11,7 +11,8 @@ the field. Nothing here imports the engine or the database.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any
 
@@ -50,18 +51,38 @@ def check_session_id(session_id: object, field: str = "session_id") -> str:
     return check_text(field, session_id, max_chars=MAX_ID_LEN)
 
 
-def check_settings(owner: str, given: Iterable[str], model: Any,
+def check_settings(owner: str, given: Mapping[str, Any], model: Any,
                    accepted: Iterable[str] = ()) -> None:
     """The keyword arguments ``given`` to a pydantic model class ``model`` (an adapter's
     constructor) are all its fields, their aliases or ``accepted`` (the framework's standard
     settings that mean nothing here, e.g. an ``api_key``): pydantic drops others silently, so
-    a typo (``max_token=5``) was a setting that did nothing."""
+    a typo (``max_token=5``) was a setting that did nothing. Sampling values get the checks a
+    call's get (``check_sampling``), so ``temperature="0.5"`` is refused here as it is per
+    call, not coerced by pydantic."""
     fields = model.model_fields
     known = set(fields) | {f.alias for f in fields.values() if f.alias} | set(accepted)
     unknown = sorted(set(given) - known)
     if unknown:
         raise InvalidRequestError(
             f"{owner}: unknown setting(s) {unknown}; known: {sorted(known)}")
+    try:
+        check_sampling({k: v for k, v in given.items() if k in SAMPLING_FIELDS})
+    except InvalidRequestError as e:
+        raise InvalidRequestError(f"{owner}: {e}") from None
+
+
+@contextmanager
+def one_line_settings(owner: str) -> Iterator[None]:
+    """Turn pydantic's multi-line ``ValidationError`` of a constructor into one
+    ``InvalidRequestError`` line naming each bad field (``engine_options=[1]``, say)."""
+    from pydantic import ValidationError  # the adapters' dependency, not the core's
+
+    try:
+        yield
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}"
+                        for err in e.errors())
+        raise InvalidRequestError(f"{owner}: {bad}") from None
 
 
 def check_sampling(sampling: dict[str, Any]) -> dict[str, Any]:

@@ -54,4 +54,10 @@ BAD_CONSTRUCTION: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"engine_options": {"model": "x"}}, ConfigError, "the model is named twice"),
     # pydantic drops unknown keywords silently: a typo was a setting that did nothing
     ({"max_token": 5}, InvalidRequestError, r"unknown setting\(s\) \['max_token'\]"),
+    # refused as a call refuses them, not coerced ("0.5" -> 0.5) by pydantic
+    ({"temperature": "0.5"}, InvalidRequestError, "temperature must be a number, got str"),
+    ({"top_k": 2.5}, InvalidRequestError, "top_k must be an integer, got float"),
+    # pydantic's own checks, in one line naming the field
+    ({"engine_options": [1]}, InvalidRequestError, "engine_options: Input should be"),
+    ({"frequency_penalty": [0.5]}, InvalidRequestError, "frequency_penalty: Input should be"),
 ]

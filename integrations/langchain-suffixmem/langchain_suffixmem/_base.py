@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from suffixmem import runtime
 from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig
-from suffixmem.conversation.validation import check_settings
+from suffixmem.conversation.validation import check_settings, one_line_settings
 from suffixmem.engine import check_engine
 from suffixmem.engine.protocol import SamplingParams
 from suffixmem.errors import InvalidRequestError, ModelError
@@ -88,7 +88,8 @@ class SuffixMemParams(BaseModel):
         # a local engine needs no key and makes no network call to retry
         check_settings(type(self).__name__, data, type(self),
                        accepted=("api_key", "max_retries", "base_url"))
-        super().__init__(**data)
+        with one_line_settings(type(self).__name__):
+            super().__init__(**data)
         # checked here, not in a pydantic validator, which would wrap the library's one-line
         # InvalidRequestError / ConfigError into a multi-line ValidationError
         self._check_engine()

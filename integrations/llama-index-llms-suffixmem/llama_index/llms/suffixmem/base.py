@@ -46,7 +46,7 @@ from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig, TurnResult
 from suffixmem.conversation.reconcile import readable
 from suffixmem.conversation.stored_turns import STORED_TURNS
-from suffixmem.conversation.validation import check_settings
+from suffixmem.conversation.validation import check_settings, one_line_settings
 from suffixmem.engine import check_engine
 from suffixmem.engine.async_stream import aiter_events
 from suffixmem.engine.protocol import Message, Result, SamplingParams
@@ -122,7 +122,8 @@ class SuffixMemLLM(FunctionCallingLLM):
 
     def __init__(self, **data: Any) -> None:
         check_settings(type(self).__name__, data, type(self))
-        super().__init__(**data)
+        with one_line_settings(type(self).__name__):
+            super().__init__(**data)
         # checked here, not in a pydantic validator, which would wrap the library's one-line
         # InvalidRequestError / ConfigError into a multi-line ValidationError
         self._check_engine()
