@@ -15,6 +15,8 @@ from llama_index.core.tools import FunctionTool
 from llama_index.llms.suffixmem import SuffixMemLLM
 from pydantic import BaseModel
 
+from suffixmem.errors import InvalidRequestError
+
 pytestmark = [pytest.mark.slow]
 
 
@@ -53,6 +55,10 @@ def test_tool_call_then_result_in_the_session(engine_params: dict[str, Any],
     assert response.raw["usage"]["finish_reason"] == "tool_calls"  # OpenAI's, as the server
     jsonschema.validate(call.tool_kwargs, SCHEMAS[call.tool_name])
     first = response.raw["usage"]
+    # the call resent without its result has nothing to answer; OpenAI refuses it too
+    with pytest.raises(InvalidRequestError, match="messages\\[1\\] is a tool call without its"):
+        llm.chat_with_tools(TOOLS, chat_history=[
+            ChatMessage(role=MessageRole.USER, content="What is 12 times 7?"), response.message])
 
     tool = {t.metadata.get_name(): t for t in TOOLS}[call.tool_name]
     result = ChatMessage(role=MessageRole.TOOL, content=str(tool(**call.tool_kwargs)),

@@ -84,7 +84,16 @@ def _get(call: Any, key: str) -> Any:
 
 
 def to_suffixmem(messages: Sequence[ChatMessage]) -> list[Message]:
-    return [to_suffixmem_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    """LlamaIndex messages -> suffixmem messages; a list that ends with a tool call is refused,
+    as OpenAI refuses it (a call waits for its result, not for another reply)."""
+    out = [to_suffixmem_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    last = messages[-1] if messages else None
+    if (last is not None and MessageRole(last.role) == MessageRole.ASSISTANT
+            and last.additional_kwargs.get("tool_calls")):
+        raise InvalidRequestError(
+            f"messages[{len(messages) - 1}] is a tool call without its result: nothing to "
+            "answer (send the tool message with the tool's result after it)")
+    return out
 
 
 def to_llama_index(message: Message) -> ChatMessage:
