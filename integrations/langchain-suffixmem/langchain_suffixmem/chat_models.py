@@ -26,6 +26,10 @@ from langchain_core.language_models.chat_models import (
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import InputTokenDetails, UsageMetadata
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import (
+    JsonOutputKeyToolsParser,
+    PydanticToolsParser,
+)
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import (
     Runnable,
@@ -34,7 +38,7 @@ from langchain_core.runnables import (
     RunnablePassthrough,
 )
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from langchain_suffixmem._base import (
@@ -352,9 +356,10 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         ``show_schema`` is off, the model is also shown the schema (as vLLM's documentation
         recommends), in a system message after the conversation.
 
-        Every ``method`` is served by guided decoding: ``json_schema`` and ``function_calling``
-        with the schema (there is no tool calling to use instead), ``json_mode`` with the
-        schema when one is given and any JSON object otherwise. Output always matches the
+        Every ``method`` is served by guided decoding: ``json_schema`` with the schema,
+        ``function_calling`` as ``ChatOpenAI`` serves it, a forced call of the schema as the
+        one bound tool (so ``include_raw``'s message carries ``tool_calls``), ``json_mode``
+        with the schema when one is given and any JSON object otherwise. Output always matches the
         schema, so ``strict`` is accepted and needs no extra work. Raises
         ``NotImplementedError`` if the engine has no guided decoding.
         """
@@ -377,6 +382,8 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             json_schema: dict[str, Any] = {"type": "object"}
         else:
             json_schema = convert_to_json_schema(schema)
+        if method == "function_calling":
+            return self._function_calling_output(schema, include_raw, strict)
         llm = self.bind(
             json_schema=json_schema,
             ls_structured_output_format={
@@ -389,14 +396,29 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             parser = PydanticOutputParser(pydantic_object=schema)
         else:
             parser = JsonOutputParser()
-        if not include_raw:
-            return llm | parser
-        parsed = RunnablePassthrough.assign(
-            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
-        )
-        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks(
-            [unparsed], exception_key="parsing_error"
-        )
+        return _with_raw(llm, parser) if include_raw else llm | parser
+
+    def _function_calling_output(self, schema: dict[str, Any] | type, include_raw: bool,
+                                 strict: bool | None) -> Runnable[LanguageModelInput, Any]:
+        """``with_structured_output(method="function_calling")`` as ``ChatOpenAI`` builds it:
+        the schema bound as the one tool, its call forced, its arguments parsed."""
+        name = convert_to_openai_tool(schema)["function"]["name"]
+        llm = self.bind_tools([schema], tool_choice=name, ls_structured_output_format={
+            "kwargs": {"method": "function_calling", "strict": strict}, "schema": schema})
+        parser: Runnable[Any, Any]
+        if isinstance(schema, type) and is_basemodel_subclass(schema):
+            parser = PydanticToolsParser(tools=[schema], first_tool_only=True)
+        else:
+            parser = JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+        return _with_raw(llm, parser) if include_raw else llm | parser
 
 
+def _with_raw(llm: Runnable[Any, Any], parser: Runnable[Any, Any]) -> Runnable[Any, Any]:
+    """``{"raw", "parsed", "parsing_error"}``, as ``include_raw=True`` returns it."""
+    parsed = RunnablePassthrough.assign(
+        parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+    )
+    unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
+    return RunnableMap(raw=llm) | parsed.with_fallbacks(
+        [unparsed], exception_key="parsing_error"
+    )

@@ -194,6 +194,15 @@ def test_structured_output_with_include_raw(chat: SuffixMemChatModel) -> None:
     assert out["parsing_error"] is None, out
     assert set(out["parsed"]) == {"name", "country"}
     assert isinstance(out["raw"], AIMessage)
+    # function_calling, as ChatOpenAI serves it: the raw message carries the forced call
+    longer = chat.model_copy(update={"max_tokens": 80})  # invoke's kwargs stop at the map
+    out = longer.with_structured_output(schema, method="function_calling", include_raw=True
+                                        ).invoke("Name a city in France.")
+    assert out["parsing_error"] is None, out
+    (call,) = out["raw"].tool_calls
+    assert call["name"] == "City" and call["args"] == out["parsed"]
+    assert set(out["parsed"]) == {"name", "country"}
+    assert out["raw"].response_metadata["finish_reason"] == "tool_calls"
 
 
 def test_without_guided_decoding_tools_and_structured_output_are_refused(
