@@ -311,12 +311,14 @@ class BlockPool:
         return [b for b in self.blocks if b.block_hash is not None]
 
     def forget(self, salts: Iterable[str]) -> int:
-        """Drop the cached hashes of free blocks under ``salts`` (a deleted session), without
-        ``on_evict``. Blocks in use keep theirs. Returns how many were dropped."""
+        """Drop the cached hashes of every block under ``salts`` (a deleted session), without
+        ``on_evict``, so no later lookup finds them. Blocks in use lose their hash too (the
+        segment cache may hold a session's blocks): their KV stays with their holders, and
+        they return to the free queue uncached. Returns how many were dropped."""
         wanted = set(salts)
         dropped = 0
         for block in self.blocks:
-            if block.ref_cnt == 0 and block.key is not None and block.key[2] in wanted:
+            if block.key is not None and block.key[2] in wanted:
                 self._evict(block)
                 dropped += 1
         return dropped

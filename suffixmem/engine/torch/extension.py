@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from suffixmem.engine.torch.model_runner import RunOutput, SeqInput
-from suffixmem.engine.torch.sequence import Sequence
+from suffixmem.engine.torch.sequence import APPROX_MARK, Sequence
 
 if TYPE_CHECKING:
     from suffixmem.config import EngineConfig
@@ -85,10 +85,18 @@ class TorchExtensionAPI:
         return blend is not None and gate_passed(workload, blend, self.config.dtype)
 
     def delete_session_kv(self, session_key: str) -> int:
-        """Forget everything the engine keeps of a deleted session: its cached prefix blocks
-        and its KV tier files (hops to the driver). Returns the tier files removed."""
+        """Forget everything the engine keeps of a deleted session: its cached segments, its
+        prefix blocks in the pool (exact and approximate) and its KV tier files (hops to the
+        driver), so a session re-created under that id starts cold. In ``app`` scope its
+        blocks are the tenant's, shared with its other sessions, and stay. Returns the tier
+        files removed."""
         self.release_session(session_key)
-        if self.tier is None:
-            return 0
         tier = self.tier
-        return int(self.run_in_driver(lambda e: tier.delete_session(session_key)))
+
+        def forget(e: Any) -> int:
+            if tier is not None:  # the pool's blocks too, without spilling them
+                return int(tier.delete_session(session_key))
+            e.block_pool.forget((session_key, session_key + APPROX_MARK))
+            return 0
+
+        return int(self.run_in_driver(forget))

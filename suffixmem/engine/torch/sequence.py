@@ -9,6 +9,10 @@ from typing import Any
 from suffixmem.engine.protocol import Request, Result
 from suffixmem.engine.torch.block_pool import BlockHash
 
+# the suffix of a session's approximate salt: blocks whose K/V came from (or follow) segment
+# reuse are cached under salt + APPROX_MARK, which no exact lookup walks
+APPROX_MARK = "\x00approx"
+
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
@@ -62,7 +66,7 @@ class Sequence:
     @property
     def approx_salt(self) -> str:
         """The salt of blocks whose K/V came from (or follow) approximate segment reuse."""
-        return self.salt + "\x00approx"
+        return self.salt + APPROX_MARK
 
     @property
     def num_tokens(self) -> int:

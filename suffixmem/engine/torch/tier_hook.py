@@ -25,11 +25,9 @@ from suffixmem.engine.kv_tier import KVTier, model_fingerprint
 from suffixmem.engine.torch.block_pool import Block, BlockHash, BlockPool
 from suffixmem.engine.torch.kv_pool import KVPool
 from suffixmem.engine.torch.model_config import ModelConfig
-from suffixmem.engine.torch.sequence import Sequence
+from suffixmem.engine.torch.sequence import APPROX_MARK, Sequence
 
 log = logging.getLogger(__name__)
-
-APPROX_MARK = "\x00approx"  # Sequence.approx_salt's suffix
 
 
 class TorchTier:

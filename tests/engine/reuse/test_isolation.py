@@ -107,6 +107,10 @@ def test_public_prefix_shares_the_system_prompt_and_never_the_history(public_eng
     # the owner hits its own history
     again = ask("alice")
     assert again.cached_tokens == (len(ids) - 1) // bs * bs
+    # a deleted session's history blocks are gone: re-created under its id, it finds only
+    # the public system prompt (it found its whole history before)
+    eng.delete_session_kv("alice")
+    assert ask("alice").cached_tokens == len(sys_ids) // bs * bs
     # exact: the shared blocks give what a cold run gives
     eng.reset_prefix_cache()
     cold = ask("carol")
@@ -132,5 +136,11 @@ def test_a_managers_sessions_share_the_public_system_prompt(public_engine, tmp_p
                          max_tokens=4)
         other = mgr.chat("bob", "Do you sell nails?", create=True, temperature=0.0,
                          max_tokens=4)
+        # deleting a session forgets its history's blocks: re-created with the same first
+        # turn, it finds the public system prompt only (it found its history before)
+        mgr.delete_session("alice")
+        again = mgr.chat("alice", "Do you sell hammers?", create=True, temperature=0.0,
+                         max_tokens=4)
     assert first.cached_tokens == 0
     assert other.cached_tokens == public
+    assert again.cached_tokens == public and again.text == first.text

@@ -131,6 +131,25 @@ def test_session_isolation() -> None:
     assert pool.block_hashes(tokens, "alice") != pool.block_hashes(tokens, "bob")
 
 
+def test_forget_drops_a_deleted_sessions_blocks_in_use_or_free() -> None:
+    """``forget`` (a deleted session): none of its blocks is found again, also one still held
+    (the segment cache holds blocks); other salts keep theirs; a held block returns to the
+    free queue uncached."""
+    pool = BlockPool(10, BS)
+    tokens = prompt(12)
+    alice = pool.allocate(3)
+    cache_all(pool, alice, tokens, "alice")
+    bob = pool.allocate(3)
+    cache_all(pool, bob, tokens, "bob")
+    pool.decref(alice[:2])  # blocks 0-1 free (still cached); block 2 still held
+    assert pool.forget(["alice", "alice\x00approx"]) == 3
+    assert pool.match(tokens, "alice").num_cached_tokens == 0
+    assert pool.match(tokens, "bob").block_ids == tuple(bob)
+    pool.decref(alice[2:])
+    assert pool.free_queue.num_free == 10 - 3  # bob's three are still held
+    assert all(pool.blocks[b].block_hash is None for b in alice)
+
+
 def test_hash_collision_is_rechecked() -> None:
     def weak_hash(parent: BlockHash | None, tokens: tuple[int, ...], salt: str) -> BlockHash:
         return BlockHash(bytes([sum(tokens) % 7]))  # collides all the time; ignores the salt
