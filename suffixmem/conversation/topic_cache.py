@@ -5,18 +5,23 @@ semantic temperature; replaying a whole history through the detector every turn 
 work on the path to the first token. So the state after each committed turn is kept per session
 key, stamped with the history length it describes; it is replayed from the history only when
 the stamp does not match (another process wrote, the history was edited) or the caller's
-history is not the stored one (rewritten, stateless).
+history is not the stored one (rewritten, stateless). At most ``MAX_STATES`` sessions' states
+are kept, least recently used dropped (a dropped one is replayed if its session returns), so a
+long-running server does not grow by a state per session it ever served.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from suffixmem import heap
 from suffixmem.conversation.topic import TopicDetector, TopicState, TopicVerdict
 from suffixmem.conversation.turns import Plan, turn_pairs
 from suffixmem.engine.protocol import Message
+
+MAX_STATES = 4096  # 27-62 KB each (8 to 50 short turns)
 
 
 class TopicCache:
@@ -28,7 +33,8 @@ class TopicCache:
         self._detector = detector
         self._factory = factory
         self._build_lock = threading.Lock()
-        self._states: dict[str, tuple[int, TopicState]] = {}
+        self._states: OrderedDict[str, tuple[int, TopicState]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def detector(self) -> TopicDetector:
         with self._build_lock:
@@ -49,9 +55,12 @@ class TopicCache:
         if cached is None or cached[0] != len(history):
             state = detector.replay(turn_pairs(history))
             if not fresh:
-                self._states[key] = (len(history), state)
+                self._keep(key, (len(history), state))
         else:
             state = cached[1]
+            with self._lock:  # another session's turn may have dropped it meanwhile
+                if key in self._states:
+                    self._states.move_to_end(key)
         return detector.observe_user(state, user_text)
 
     def advance(self, plan: Plan, reply: str) -> None:
@@ -63,7 +72,14 @@ class TopicCache:
             self._states.pop(spec.key, None)
             return
         self.detector().add_turn(cached[1], spec.user_text, reply, plan.verdict.jump)
-        self._states[spec.key] = (len(spec.history) + len(spec.to_store) + 1, cached[1])
+        self._keep(spec.key, (len(spec.history) + len(spec.to_store) + 1, cached[1]))
+
+    def _keep(self, key: str, entry: tuple[int, TopicState]) -> None:
+        with self._lock:  # sessions' turns run in several threads at once
+            self._states[key] = entry
+            self._states.move_to_end(key)
+            while len(self._states) > MAX_STATES:
+                self._states.popitem(last=False)
 
     def forget(self, key: str) -> None:
         self._states.pop(key, None)

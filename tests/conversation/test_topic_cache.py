@@ -8,7 +8,7 @@ from typing import Any
 from suffixmem.conversation.layout import Prompt
 from suffixmem.conversation.topic import Featurizer, TopicConfig, TopicDetector, TopicVerdict
 from suffixmem.conversation.topic_cache import TopicCache
-from suffixmem.conversation.turns import Plan, TurnSpec
+from suffixmem.conversation.turns import Plan, TurnSpec, turn_pairs
 from suffixmem.engine.protocol import Message, SamplingParams
 
 TURNS = [
@@ -69,3 +69,21 @@ def test_one_observation_per_turn_and_the_same_verdicts_as_a_replay() -> None:
     assert Counting.replays == n + 1
     off = TopicCache(False, det, lambda: det)
     assert off.verdict("s", history, "anything", fresh=False).similarity is None
+
+
+def test_states_are_bounded_least_recently_used_first(monkeypatch: Any) -> None:
+    """A long-running server keeps at most ``MAX_STATES`` sessions' states (it kept one per
+    session it ever served); a dropped one is replayed when its session returns."""
+    import suffixmem.conversation.topic_cache as topic_cache
+
+    monkeypatch.setattr(topic_cache, "MAX_STATES", 2)
+    det = _detector()
+    cache = TopicCache(True, det, lambda: det)
+    user, reply = TURNS[0]
+    for key in ("a", "b", "a", "c"):  # "a" used again before "c": "b" is the oldest
+        cache.verdict(key, [], user, fresh=False)
+    assert list(cache._states) == ["a", "c"]
+    Counting.replays = 0
+    history = [Message("user", user), Message("assistant", reply)]
+    first = cache.verdict("b", history, TURNS[1][0], fresh=False)  # replayed, same verdict
+    assert Counting.replays == 1 and first == det.detect(turn_pairs(history), TURNS[1][0])
