@@ -365,8 +365,11 @@ class ConversationManager(TurnPath):
         return Plan(spec, prompt, PENDING, spec.session_temperature, sampling)
 
     def _temperature(self, spec: TurnSpec, verdict: TopicVerdict) -> float:
-        """The session's semantic temperature after this turn's verdict."""
-        if verdict.similarity is None:
+        """The session's semantic temperature after this turn's verdict. With detection off
+        there are no jumps: a session warms from its cold first turn like an on-topic one
+        (it stayed greedy for good)."""
+        off = verdict.reason == "detection off" and bool(spec.history)
+        if verdict.similarity is None and not off:
             return spec.session_temperature
         scheme = self.temperature.for_session(*spec.temperature_range)  # the session's own range
         return scheme.next(spec.session_temperature, verdict.jump)

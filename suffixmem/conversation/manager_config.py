@@ -10,6 +10,7 @@ from suffixmem.conversation.layout import LAYOUTS
 from suffixmem.conversation.records import SessionRecord
 from suffixmem.conversation.topic import TopicDetector
 from suffixmem.conversation.validation import MAX_TEXT_CHARS
+from suffixmem.engine.checks import MAX_TEMPERATURE
 from suffixmem.errors import ConfigError
 from suffixmem.retention import RetentionPolicy
 
@@ -34,7 +35,8 @@ class ManagerConfig:
       model's own recommended sampling (``SemanticTemperature.for_model``; for the default
       model hot 0.2, cold greedy). An explicit per-call ``temperature=`` always wins.
     - ``topic_detector``: the detector (None: ``default_detector()``, fitted on the bundled
-      corpus when available); ``detect_topics=False`` turns detection off.
+      corpus when available); ``detect_topics=False`` turns detection off (no
+      jumps: the temperature warms from the first turn's cold to hot and stays there).
     - ``retention``: the segment retention policy of the segment log (None: ``PinnedLRU``,
       the same default as the engine's segment cache).
     - ``lock_timeout_s``: how long a turn waits for its session's lock (``SessionBusyError``).
@@ -111,6 +113,22 @@ class ManagerConfig:
                               f"got {self.durability!r}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        self._check_temperatures()
+
+    def _check_temperatures(self) -> None:
+        """The semantic temperature's fields, each named (the model's own range fills the
+        ones left None when the manager starts: ``temperature.scheme_for``)."""
+        for name in ("start_temperature", "jump_temperature"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v <= MAX_TEMPERATURE:
+                raise ConfigError(f"{name} must be in [0, {MAX_TEMPERATURE}], got {v}")
+        if self.temperature_recovery is not None and not self.temperature_recovery > 0:
+            raise ConfigError(f"temperature_recovery must be > 0, got "
+                              f"{self.temperature_recovery}")
+        start, jump = self.start_temperature, self.jump_temperature
+        if start is not None and jump is not None and jump > start:
+            raise ConfigError(f"jump_temperature ({jump}) must be <= start_temperature "
+                              f"({start})")
 
     @staticmethod
     def default_database_url() -> str:

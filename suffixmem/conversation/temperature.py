@@ -187,6 +187,13 @@ def scheme_for(model: str | Path | None, start: float | None = None, jump: float
     """The manager's scheme: ``model``'s own range, with any of hot (``start``), cold (``jump``)
     and the per-turn ``recovery`` that the caller names instead."""
     base = SemanticTemperature.for_model(model)
+    if jump is not None and start is None and jump > base.start:
+        raise ConfigError(f"jump_temperature ({jump}) must be <= start_temperature, which is "
+                          f"{base.start} for {model} (its recommended temperature); set "
+                          "start_temperature too")
+    if start is not None and jump is None and start < base.jump:
+        raise ConfigError(f"start_temperature ({start}) must be >= jump_temperature, which is "
+                          f"{base.jump} for {model}; set jump_temperature too")
     return SemanticTemperature(
         base.start if start is None else start,
         base.jump if jump is None else jump,

@@ -19,6 +19,7 @@ from suffixmem.conversation.manager import (
 from suffixmem.conversation.topic import Featurizer, TopicConfig, TopicDetector
 from suffixmem.engine.protocol import Message, Request, Result, TokenEvent
 from suffixmem.errors import (
+    ConfigError,
     ContextWindowError,
     InvalidRequestError,
     StoreError,
@@ -138,6 +139,22 @@ def test_semantic_temperature_is_used_when_not_given(manager: ConversationManage
                       max_tokens=6, seed=1)
     # on topic: one step warmer, towards the model's recommended 0.2 (four steps of 0.05)
     assert not t2.topic_jump and t2.temperature == 0.05
+
+
+def test_without_topic_detection_a_session_still_warms(engine: FlakyEngine,
+                                                        tmp_path: Path) -> None:
+    """``detect_topics=False``: no jumps, so a session warms from its cold first turn as an
+    on-topic one does (it stayed greedy for good); its temperature errors name the fields."""
+    config = ManagerConfig(detect_topics=False)
+    with ConversationManager(engine, f"sqlite:///{tmp_path / 'off.db'}", config) as mgr:
+        temps = [mgr.chat("off", text, create=True, max_tokens=2, seed=1).temperature
+                 for text in ("Hi.", "Tell me a joke.", "Another one?", "Why?", "More.", "Ok.")]
+    assert temps == [0.0, 0.05, 0.1, 0.15, 0.2, 0.2]  # the model's hot 0.2 in four steps
+    with pytest.raises(ConfigError, match=r"jump_temperature \(0.5\) must be <= start_"):
+        ConversationManager(engine, f"sqlite:///{tmp_path / 'bad.db'}",
+                            ManagerConfig(jump_temperature=0.5))
+    with pytest.raises(ConfigError, match="temperature_recovery must be > 0"):
+        ManagerConfig(temperature_recovery=0)
 
 
 def test_session_temperature_range_and_per_call_override(manager: ConversationManager) -> None:
