@@ -144,8 +144,10 @@ class SegmentEvent:
 
 @dataclass(slots=True, frozen=True)
 class NewSession:
-    """A session to create with its first turn (``Store.commit_turn(create=...)``)."""
+    """A session to create with its first turn (``Store.commit_turn(create=...)``);
+    ``replica``: the remote engine's replica that served that turn (``sessions.replica``)."""
 
     title: str | None = None
     model: str | None = None
     system_prompt: str | None = None
+    replica: str | None = None

@@ -20,6 +20,7 @@ from suffixmem.conversation.background import Background, Job
 from suffixmem.conversation.cluster import SharedTurnLock
 from suffixmem.conversation.locks import SessionLocks
 from suffixmem.conversation.manager_config import ManagerConfig
+from suffixmem.conversation.records import NewSession
 from suffixmem.conversation.store import Store
 from suffixmem.conversation.topic import TopicVerdict
 from suffixmem.conversation.topic_cache import TopicCache
@@ -162,7 +163,8 @@ class TurnPath:
             if sid is not None:
                 state = {"temperature": plan.temperature,
                          "window_start": plan.prompt.window_start,
-                         "create": plan.spec.create, "replace_history": plan.spec.replace}
+                         "create": self._with_replica(plan.spec.create, plan.spec.key),
+                         "replace_history": plan.spec.replace}
                 event = turn_event(plan, result)
                 if self.config.durability == "sync" or self._shared.shared:
                     self.store.commit_turn(sid, messages, event, **state)
@@ -173,6 +175,15 @@ class TurnPath:
             overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)
             turn = turn_result(plan, result, text, overhead)
         yield turn
+
+    def _with_replica(self, create: NewSession | None, key: str) -> NewSession | None:
+        """A new session's row, with the replica that served its first turn (the remote
+        engine): written with the row, so another process routes the next turn there too
+        (the pin stayed in this process's memory until it next read the session)."""
+        replica_of = getattr(self.engine, "replica_of", None)
+        if create is None or replica_of is None:
+            return create
+        return dataclasses.replace(create, replica=replica_of(key))
 
     def _bookkeep(self, sid: str, plan: Plan, result: Result, text: str) -> None:
         """Queue what the committed turn leaves to do; nothing here waits."""

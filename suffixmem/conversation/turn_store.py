@@ -60,7 +60,7 @@ _TOUCH = update(SESSIONS).where(SESSIONS.c.id == bindparam("sid")).values(
 _MESSAGE_KEYS = ("session_id", "position", "role", "content", "token_ids", "token_count",
                  "status", "created_at")
 _SESSION_KEYS = ("id", "title", "model", "system_prompt", "temperature", "state",
-                 "window_start", "created_at", "updated_at")
+                 "window_start", "created_at", "updated_at", "replica")
 _EVENT_KEYS = ("session_id", "request_id", "prompt_tokens", "cached_tokens", "output_tokens",
                "ttft_s", "latency_s", "topic_jump", "similarity", "temperature",
                "evicted_turns", "finish_reason", "created_at", "reply_position")
@@ -223,7 +223,8 @@ class TurnQueries:
                 sql.insert_session.run(conn, {
                     "id": sid, "title": create.title, "model": create.model,
                     "system_prompt": create.system_prompt, "temperature": temperature,
-                    "state": "active", "window_start": 0, "created_at": now, "updated_at": now})
+                    "state": "active", "window_start": 0, "created_at": now, "updated_at": now,
+                    "replica": create.replica})
             state = {"sid": sid, "new_temperature": temperature,
                      "new_window_start": window_start, "now": now}
             if replace_history and create is not None:

@@ -157,6 +157,27 @@ def test_without_topic_detection_a_session_still_warms(engine: FlakyEngine,
         ManagerConfig(temperature_recovery=0)
 
 
+def test_a_new_sessions_row_records_the_replica_of_its_first_turn(engine: FlakyEngine,
+                                                                    tmp_path: Path) -> None:
+    """An engine that pins sessions to replicas (the remote engine's ``replica_of``): the row
+    the first turn creates records the replica, so another process routes turn 2 there (it
+    stayed in this process's memory, and another process sent turn 2 to a cold replica)."""
+    from sqlalchemy import text
+
+    class Pinning(FlakyEngine):
+        def replica_of(self, session_key: str) -> str:
+            return f"http://replica-of-{session_key}:8000"
+
+    url = f"sqlite:///{tmp_path / 'pins.db'}"
+    with ConversationManager(Pinning(engine.inner), url, ManagerConfig(
+            detect_topics=False, durability="async")) as mgr:
+        mgr.chat("p1", "Hi.", create=True, max_tokens=2)
+        mgr.flush()
+        with mgr.store.engine.connect() as conn:
+            replica = conn.execute(text("SELECT replica FROM sessions WHERE id = 'p1'")).scalar()
+    assert replica == "http://replica-of-p1:8000"
+
+
 def test_session_temperature_range_and_per_call_override(manager: ConversationManager) -> None:
     manager.open_session("range")
     with pytest.raises(InvalidRequestError, match="temperature_cold"):
