@@ -146,17 +146,34 @@ def get_manager(
     from suffixmem.config import default_database_url
     from suffixmem.conversation.manager import ConversationManager
 
+    url = database_url or default_database_url()
     if isinstance(engine, str):
+        if engine == "remote":  # its replica pins live in the sessions' rows: this database
+            engine_options = {**engine_options, "database_url": url}
         engine = get_engine(engine, **engine_options)
     elif engine_options:
         raise ConfigError("engine options apply to an engine name, not to an engine instance")
-    url = database_url or default_database_url()
     key = (id(engine), url, _manager_key(config))
     with _lock:
         manager = _managers.get(key)
         if manager is None:
             manager = _managers[key] = ConversationManager(engine, url, config)
         return manager
+
+
+def database_of(database_url: str | None, engine_options: dict[str, Any]
+                ) -> tuple[str | None, dict[str, Any]]:
+    """An adapter's database and engine options: a ``database_url`` given among the remote
+    engine's options (docs/integrations.md) is the manager's database too, since the replica
+    pins live in the session rows; named twice, the two must agree (``ConfigError``)."""
+    if "database_url" not in engine_options:
+        return database_url, engine_options
+    rest = {k: v for k, v in engine_options.items() if k != "database_url"}
+    given = engine_options["database_url"]
+    if database_url is not None and given != database_url:
+        raise ConfigError("database_url is named twice, as database_url= and in the engine "
+                          "options, with different values; give it once, as database_url=")
+    return given, rest
 
 
 def supports_json_schema(engine: str | Engine) -> bool:

@@ -54,6 +54,11 @@ BAD_CONSTRUCTION: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"engine_options": {"model": "x"}}, ConfigError, "the model is named twice"),
     # pydantic drops unknown keywords silently: a typo was a setting that did nothing
     ({"max_token": 5}, InvalidRequestError, r"unknown setting\(s\) \['max_token'\]"),
+    # the remote engine's database_url option is the manager's database (its pins live in
+    # the session rows): named twice it must agree (a TypeError traceback before)
+    ({"engine": "remote", "database_url": "sqlite:///a.db",
+      "engine_options": {"urls": ["http://127.0.0.1:9"], "database_url": "sqlite:///b.db"}},
+     ConfigError, "database_url is named twice"),
     # refused as a call refuses them, not coerced ("0.5" -> 0.5) by pydantic
     ({"temperature": "0.5"}, InvalidRequestError, "temperature must be a number, got str"),
     ({"top_k": 2.5}, InvalidRequestError, "top_k must be an integer, got float"),

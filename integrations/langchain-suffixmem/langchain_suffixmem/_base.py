@@ -95,6 +95,9 @@ class SuffixMemParams(BaseModel):
         self._check_engine()
 
     def _check_engine(self) -> None:
+        # a remote engine's database_url option is the manager's database too (its pins)
+        self.database_url, self.engine_options = runtime.database_of(self.database_url,
+                                                                     self.engine_options)
         if isinstance(self.engine, str):
             # validate the name and options now (cheap) rather than when the engine first starts
             check_engine(self.engine, self.engine_options, model=self.model)

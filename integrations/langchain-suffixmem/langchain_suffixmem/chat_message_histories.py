@@ -60,8 +60,11 @@ class SuffixMemChatMessageHistory(BaseChatMessageHistory):
         if not isinstance(session_id, str) or not session_id:
             raise InvalidRequestError("session_id must be a non-empty string")
         self.session_id = session_id
-        self.manager = manager if manager is not None else runtime.get_manager(
-            engine, database_url=database_url, **engine_options)  # type: ignore[arg-type]
+        if manager is None:
+            database_url, options = runtime.database_of(database_url, dict(engine_options))
+            manager = runtime.get_manager(engine, database_url=database_url,  # type: ignore[arg-type]
+                                          **options)
+        self.manager = manager
         self.create = create
         if not create:
             self.manager.get_session(session_id)  # UnknownSessionError now, not later

@@ -129,6 +129,9 @@ class SuffixMemLLM(FunctionCallingLLM):
         self._check_engine()
 
     def _check_engine(self) -> None:
+        # a remote engine's database_url option is the manager's database too (its pins)
+        self.database_url, self.engine_options = runtime.database_of(self.database_url,
+                                                                     self.engine_options)
         if isinstance(self.engine, str):  # fail early on a bad name or options
             check_engine(self.engine, self.engine_options, model=self.model)
         else:
