@@ -268,11 +268,11 @@ def serve(
     manager_config = _manager_config(model, topic_signal, durability=durability,
                                      rag_reuse=rag_reuse)
     _check_port(host, port)  # after every option: a taken port must not hide a bad option
-    err_console.print(f"suffixmem: serving on http://{host}:{port} "
-                      f"({'API key required' if keys else 'no API key'})")
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,
                max_model_len=max_model_len, upstream=upstream, manager_config=manager_config,
-               kv_tier=kv_tier)
+               kv_tier=kv_tier, on_ready=lambda: err_console.print(
+                   f"suffixmem: serving on http://{host}:{port} "
+                   f"({'API key required' if keys else 'no API key'})"))
 
 
 @app.command()

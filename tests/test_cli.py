@@ -201,6 +201,14 @@ def test_serve_checks_its_port_before_the_engine_starts(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         _one_line_error(_run(["serve", "--port", str(port)], tmp_path / "x"),
                         f"cannot listen on 127.0.0.1:{port}")
+    # an engine that cannot start: its one line, and no "serving on" line above it
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    r = _run(["serve", "--engine", "remote", "--upstream", "http://127.0.0.1:9", "--port",
+              str(port)], tmp_path / "x")
+    assert r.returncode == 2 and "serving on" not in r.stderr, r.stderr[-2000:]
+    assert _error_lines(r)[0].startswith("error: no replica answered: http://127.0.0.1:9")
 
 
 def test_serve_rag_reuse_option_reaches_the_manager_config(

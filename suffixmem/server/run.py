@@ -6,7 +6,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from suffixmem.conversation.manager_config import ManagerConfig
 from suffixmem.server.serving import ServerConfig
@@ -18,10 +18,13 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
           model: str | None = None, database_url: str | None = None,
           config: ServerConfig | None = None, max_model_len: int = 8192,
           log_level: str = "info", upstream: list[str] | None = None,
-          manager_config: ManagerConfig | None = None, kv_tier: bool = False) -> None:
+          manager_config: ManagerConfig | None = None, kv_tier: bool = False,
+          on_ready: Callable[[], None] | None = None) -> None:
     """Start the engine and manager (``manager_config``: its settings, e.g. ``durability``;
     ``kv_tier``: the engine's disk tier, docs/kv-tier.md), then serve until interrupted (Ctrl-C
-    or SIGTERM); both are closed on exit.
+    or SIGTERM); both are closed on exit. ``on_ready`` runs once both started, before uvicorn
+    binds (the command line's "serving on" line: printed earlier, it stood above an engine
+    that then failed to start).
 
     ``engine="remote"`` serves over the vLLM servers in ``upstream`` (session affinity recorded
     in ``database_url``, shared by every suffixmem process on that database)."""
@@ -47,6 +50,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
             if host not in ("127.0.0.1", "localhost", "::1") and not (config and config.api_keys):
                 log.warning("serving on %s without an API key: anyone who can reach it can "
                             "read every session", host)
+            if on_ready is not None:
+                on_ready()
             with _sigterm_exits():
                 uvicorn.run(app, host=host, port=port, log_level=log_level)
         finally:
