@@ -103,6 +103,9 @@ def make_engine(url: str) -> Engine:
         # never echo the URL: it may hold a password and cannot be parsed to mask it
         raise StoreError(f"invalid database URL ({type(e).__name__})") from None
     backend = parsed.get_backend_name()
+    if backend == "postgres":  # the spelling hosting platforms hand out; SQLAlchemy's is longer
+        raise StoreError(f"database URL {mask_url(url)}: SQLAlchemy names PostgreSQL "
+                         "'postgresql'; start the URL with postgresql+psycopg://")
     kwargs: dict[str, Any] = {}
     synchronous = "normal"
     if backend == "sqlite":

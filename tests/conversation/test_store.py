@@ -283,6 +283,9 @@ def test_unreachable_database(tmp_path: Path) -> None:
         Store("postgresql+psycopg://u:secret@127.0.0.1:1/db")
     with pytest.raises(StoreError, match="invalid database URL"):
         Store("not a url")
+    # the spelling hosting platforms hand out: a hint, the password hidden
+    with pytest.raises(StoreError, match=r"u:\*\*\*@h/db: .* postgresql\+psycopg://$"):
+        Store("postgres://u:secret@h/db")
     # an unparseable URL is never echoed: it may carry a password
     with pytest.raises(StoreError) as e:
         Store("postgresql+psycopg://u:hunter2@[::1/db")
