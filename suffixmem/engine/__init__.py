@@ -15,6 +15,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from suffixmem.config import ENGINES, EngineConfig
+from suffixmem.engine.isolation import IsolationPolicy
 from suffixmem.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,7 +96,9 @@ def check_engine(name: str, options: Mapping[str, Any] | None = None, *,
     own, rest = split_options(name, options)
     if name == "remote" and not (own.get("urls") or own.get("upstream")):
         raise ConfigError("the remote engine needs urls=[...] (vLLM server base URLs)")
-    return engine_config(rest)
+    config = engine_config(rest)
+    IsolationPolicy.from_config(config).require(name)  # a scope this engine cannot serve
+    return config
 
 
 def _remote(config: EngineConfig | None, options: dict[str, Any]) -> BaseEngine:

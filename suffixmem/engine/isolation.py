@@ -43,6 +43,10 @@ Scope = Literal["session", "public-prefix", "app"]
 SCOPES: tuple[str, ...] = ("session", "public-prefix", "app")
 DEFAULT_SCOPE: Scope = "session"
 MAX_TENANT_CHARS = 256
+# the scopes each engine serves: vLLM's salt (embedded or behind ``vllm serve``) covers the
+# whole block chain, so a public prefix under private blocks is the torch engine's alone
+ENGINE_SCOPES: dict[str, tuple[str, ...]] = {
+    "torch": SCOPES, "vllm": ("session", "app"), "remote": ("session", "app")}
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,8 +97,11 @@ class IsolationPolicy:
         ends = [int(s.end) for s in public_head(segments)]
         return min(max(ends), prompt_len) if ends else 0
 
-    def require(self, engine_name: str, supported: Sequence[str]) -> None:
-        """Raise ``ConfigError`` unless this scope is one of the engine's ``supported``."""
+    def require(self, engine_name: str, supported: Sequence[str] | None = None) -> None:
+        """Raise ``ConfigError`` unless this scope is one of the engine's ``supported`` (by
+        default its ``ENGINE_SCOPES``)."""
+        if supported is None:
+            supported = ENGINE_SCOPES[engine_name]
         if self.scope not in supported:
             raise ConfigError(
                 f"isolation {self.scope!r} is not supported by the {engine_name} engine "

@@ -107,7 +107,7 @@ class VLLMEngine(BaseEngine):
         self.max_model_len = config.max_model_len
         # vLLM's salt covers the whole block chain: no public prefix under private blocks
         self.isolation = IsolationPolicy.from_config(config)
-        self.isolation.require(self.name, ("session", "app"))
+        self.isolation.require(self.name)
         _prepare_environment(config, on_cuda)
 
         from vllm import EngineArgs

@@ -54,6 +54,9 @@ BAD_CONSTRUCTION: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"engine_options": {"model": "x"}}, ConfigError, "the model is named twice"),
     # pydantic drops unknown keywords silently: a typo was a setting that did nothing
     ({"max_token": 5}, InvalidRequestError, r"unknown setting\(s\) \['max_token'\]"),
+    # a scope the engine cannot serve: when the adapter is built, not at its first call
+    ({"engine_options": {"isolation": "public-prefix"}}, ConfigError,
+     "isolation 'public-prefix' is not supported by the vllm engine"),
     # the remote engine's database_url option is the manager's database (its pins live in
     # the session rows): named twice it must agree (a TypeError traceback before)
     ({"engine": "remote", "database_url": "sqlite:///a.db",

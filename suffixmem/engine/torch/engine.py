@@ -26,7 +26,7 @@ import torch
 from suffixmem.config import EngineConfig
 from suffixmem.detokenizer import Detokenizer
 from suffixmem.engine.base import BaseEngine
-from suffixmem.engine.isolation import SCOPES, IsolationPolicy
+from suffixmem.engine.isolation import IsolationPolicy
 from suffixmem.engine.protocol import (
     EngineStats,
     Request,
@@ -81,7 +81,7 @@ class TorchEngine(TorchExtensionAPI, BaseEngine):
         self.model_name = config.model
         self.max_model_len = config.max_model_len
         self.isolation = IsolationPolicy.from_config(config)
-        self.isolation.require(self.name, SCOPES)
+        self.isolation.require(self.name)
 
         # check the budget against the model's shape before loading anything heavy
         mc = read_config(self.model_path)
