@@ -166,6 +166,8 @@ def _preflight(engine: str, max_tokens: int, temperature: float | None,
     Returns (sampling, database URL)."""
     _check_engine(engine)
     sampling = _sampling(max_tokens, temperature)
+    if max_model_len is not None and max_model_len < 32:  # EngineConfig's floor, named first
+        raise InvalidRequestError(f"--max-model-len must be >= 32, got {max_model_len}")
     if max_model_len is not None and max_tokens >= max_model_len:  # every turn would fail
         raise InvalidRequestError(f"max_tokens={max_tokens} alone fills the context window of "
                                   f"{max_model_len} tokens; lower --max-tokens")

@@ -451,6 +451,9 @@ def test_bad_model_window_and_options_are_one_line_errors(tmp_path: Path) -> Non
     # checked before the engine starts (they were checked after it, or on every turn)
     _one_line_error(_run(["ask", "--max-tokens", "8192", "hi"], db),
                     "max_tokens=8192 alone fills the context window of 8192 tokens")
+    # a window under the floor names its own flag, not --max-tokens
+    _one_line_error(_run(["ask", "--max-model-len", "10", "hi"], db),
+                    "--max-model-len must be >= 32, got 10")
     _one_line_error(_run(["chat", "--system", "  "], db), "--system is empty")
     _one_line_error(_run(["ask", "--engine", "remote", "--upstream", "notaurl", "hi"], db),
                     "--upstream 'notaurl' is not an http(s) URL")
