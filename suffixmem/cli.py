@@ -28,6 +28,7 @@ from suffixmem.cli_checks import (
     _check_database,
     _check_engine,
     _check_engine_options,
+    _check_isolation,
     _check_port,
     _manager_config,
     _preflight,
@@ -245,6 +246,17 @@ def serve(
         "positions when a client rewrites the passages in its system prompt (torch engine; "
         "default: where the quality gate passed). See docs/segment-reuse.md."),
     kv_tier: bool = KV_TIER,
+    isolation: str = typer.Option(
+        "session", help="Who shares cached KV: session (nothing shared; the default), "
+        "public-prefix (sessions share the system prompt's blocks, never history; torch "
+        "engine) or app (every session of --tenant shares every block). See "
+        "docs/segment-reuse.md."),
+    tenant: str = typer.Option("default", help="The tenant whose sessions share KV under "
+                               "--isolation public-prefix or app."),
+    context_shift: bool = typer.Option(
+        True, "--context-shift/--no-context-shift", help="When a history outgrows the window, "
+        "reuse the kept turns' KV at their new positions (approximate; torch engine); off: "
+        "every turn exact. See docs/segment-reuse.md."),
 ) -> None:
     """OpenAI-compatible HTTP server with sessions and a web chat page at / (see
     docs/server.md)."""
@@ -266,11 +278,12 @@ def serve(
                           served_model_name=served_model_name)
     # checked before anything starts
     manager_config = _manager_config(model, topic_signal, durability=durability,
-                                     rag_reuse=rag_reuse)
+                                     rag_reuse=rag_reuse, context_shift=context_shift)
+    scope = _check_isolation(engine, isolation, tenant)
     _check_port(host, port)  # after every option: a taken port must not hide a bad option
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,
                max_model_len=max_model_len, upstream=upstream, manager_config=manager_config,
-               kv_tier=kv_tier, on_ready=lambda: err_console.print(
+               kv_tier=kv_tier, isolation=scope, on_ready=lambda: err_console.print(
                    f"suffixmem: serving on http://{host}:{port} "
                    f"({'API key required' if keys else 'no API key'})"))
 

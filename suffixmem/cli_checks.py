@@ -196,6 +196,16 @@ def _preflight(engine: str, max_tokens: int, temperature: float | None,
     return sampling, url
 
 
+def _check_isolation(engine: str, isolation: str, tenant: str) -> dict[str, str]:
+    """``serve``'s ``--isolation`` and ``--tenant`` as engine options, checked (a scope the
+    engine cannot serve is one line before it starts)."""
+    from suffixmem.engine.isolation import IsolationPolicy
+
+    policy = IsolationPolicy(isolation, tenant)
+    policy.require(engine)
+    return {"isolation": policy.scope, "tenant": policy.tenant}
+
+
 def _manager_config(model: str, topic_signal: str = "tfidf", **fields: Any) -> Any:
     """``ManagerConfig(**fields)``, checked first (before a model loads); with
     ``topic_signal`` ``hidden`` or ``gain`` its topic detector also weighs that signal of the

@@ -214,25 +214,37 @@ def test_serve_checks_its_port_before_the_engine_starts(tmp_path: Path) -> None:
 def test_serve_rag_reuse_option_reaches_the_manager_config(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``serve --rag-reuse/--no-rag-reuse`` sets ``ManagerConfig.rag_reuse`` (default None:
-    the engine's gate decides); the server itself is not started here."""
+    the engine's gate decides), ``--no-context-shift`` its ``context_shift``, ``--isolation``
+    and ``--tenant`` the engine's scope; the server itself is not started here."""
     import suffixmem.server
     from suffixmem.cli import main
 
     seen: list[object] = []
     monkeypatch.setattr(suffixmem.server, "serve",
-                        lambda *a, **k: seen.append(k["manager_config"].rag_reuse))
+                        lambda *a, **k: seen.append((k["manager_config"].rag_reuse,
+                                                     k["manager_config"].context_shift,
+                                                     k["isolation"])))
     monkeypatch.setenv("SUFFIXMEM_HOME", str(tmp_path))
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])  # free: serve checks it can listen there
-    for flag in (["--rag-reuse"], ["--no-rag-reuse"], []):
+    flags = (["--rag-reuse"], ["--no-rag-reuse"], [], ["--no-context-shift"],
+             ["--isolation", "public-prefix", "--tenant", "shop"])
+    for flag in flags:
         with pytest.raises(SystemExit) as done:
             main(["serve", "--engine", "torch", "--database", f"sqlite:///{tmp_path}/s.db",
                   "--port", port, *flag])
         assert done.value.code == 0
-    assert seen == [True, False, None]
+    default = {"isolation": "session", "tenant": "default"}
+    assert seen == [(True, True, default), (False, True, default), (None, True, default),
+                    (None, False, default),
+                    (None, True, {"isolation": "public-prefix", "tenant": "shop"})]
+    # a scope the engine cannot serve: one line before anything starts
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--isolation", "public-prefix", "--port", port])
+    assert done.value.code == 2 and len(seen) == len(flags)
 
 
 @pytest.mark.slow

@@ -19,9 +19,11 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
           config: ServerConfig | None = None, max_model_len: int = 8192,
           log_level: str = "info", upstream: list[str] | None = None,
           manager_config: ManagerConfig | None = None, kv_tier: bool = False,
+          isolation: dict[str, str] | None = None,
           on_ready: Callable[[], None] | None = None) -> None:
     """Start the engine and manager (``manager_config``: its settings, e.g. ``durability``;
-    ``kv_tier``: the engine's disk tier, docs/kv-tier.md), then serve until interrupted (Ctrl-C
+    ``kv_tier``: the engine's disk tier, docs/kv-tier.md; ``isolation``: its ``isolation`` and
+    ``tenant`` options, docs/segment-reuse.md), then serve until interrupted (Ctrl-C
     or SIGTERM); both are closed on exit. ``on_ready`` runs once both started, before uvicorn
     binds (the command line's "serving on" line: printed earlier, it stood above an engine
     that then failed to start).
@@ -39,6 +41,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
         options["kv_tier"] = True  # blocks leaving the pool go to disk, also across restarts
     if model is not None:
         options["model"] = model
+    options.update(isolation or {})
     if engine == "remote":
         options.update(urls=list(upstream or ()), database_url=database_url)
     eng = create_engine(engine, **options)
