@@ -76,7 +76,7 @@ class TurnPath:
             if previous is not None:
                 previous.run()
             return self.topics.verdict(spec.key, spec.history, spec.user_text,
-                                       spec.fresh_topic)
+                                       spec.fresh_topic, stateless=spec.session_id is None)
 
         return Job(verdict, "topic verdict")
 

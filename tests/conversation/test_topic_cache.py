@@ -87,3 +87,29 @@ def test_states_are_bounded_least_recently_used_first(monkeypatch: Any) -> None:
     history = [Message("user", user), Message("assistant", reply)]
     first = cache.verdict("b", history, TURNS[1][0], fresh=False)  # replayed, same verdict
     assert Counting.replays == 1 and first == det.detect(turn_pairs(history), TURNS[1][0])
+
+
+def test_a_resent_stateless_conversation_advances_instead_of_replaying() -> None:
+    """Stateless (the whole conversation resent each call, LangChain's default without a
+    session): each call advances the last call's state by the exchange since, with the
+    verdicts of a full replay; a conversation that is not that one plus an exchange (an
+    earlier message edited, another conversation under the same key) is replayed."""
+    det = _detector()
+    cache = TopicCache(True, det, lambda: det)
+    history: list[Message] = []
+    Counting.replays = 0
+    for user, reply in TURNS:
+        got = cache.verdict("anon", history, user, fresh=True, stateless=True)
+        assert got == det.detect(turn_pairs(history), user)
+        Counting.replays -= 1  # detect's own replay
+        history += [Message("user", user), Message("assistant", reply)]
+    assert Counting.replays == 1  # the first call only
+    # the reply after the judged message is whatever the client resends: still an advance
+    told = [*history[:-1], Message("assistant", "Something else entirely.")]
+    cache.verdict("anon", told, "And the icing?", fresh=True, stateless=True)
+    assert Counting.replays == 1
+    # an earlier message edited: not the conversation the state describes
+    edited = [Message("user", "How do I sort a dict?"), *told[1:],
+              Message("user", "And the icing?"), Message("assistant", "Chocolate.")]
+    cache.verdict("anon", edited, "How long does it set?", fresh=True, stateless=True)
+    assert Counting.replays == 2
