@@ -68,23 +68,37 @@ def list_sessions(database: str | None = DATABASE, as_json: bool = AS_JSON) -> N
 @sessions_app.command("show")
 def show(session: str = typer.Argument(..., help="The session id."),
          database: str | None = DATABASE, as_json: bool = AS_JSON) -> None:
-    """A session's system prompt and messages."""
+    """A session's system prompt, temperature and messages, each reply with its turn's
+    sampling temperature and topic jump (--json: also the turns' figures, as the server's
+    GET /v1/sessions/{id} gives them)."""
+    from suffixmem.conversation.records import turn_summaries
+
     check_text(session, "the session id")
     store = _store(database)
     try:
         rec = store.require_session(session)
         messages = store.messages(session)
+        turns = turn_summaries([m.position for m in messages], store.turn_events(session))
     finally:
         store.close()
     if as_json:
         print(json.dumps({"id": rec.id, "system_prompt": rec.system_prompt,
+                          "temperature": rec.temperature, "temperature_hot": rec.temperature_hot,
+                          "temperature_cold": rec.temperature_cold,
                           "messages": [{"role": m.role, "content": m.content}
-                                       for m in messages]}))
+                                       for m in messages], "turns": turns}))
         return
+    own = ("" if rec.temperature_hot is None and rec.temperature_cold is None else
+           f" (its own range: hot {rec.temperature_hot}, cold {rec.temperature_cold})")
+    console.print(f"[dim]temperature {rec.temperature:.2f}{own}[/]")
     if rec.system_prompt:
         console.print(f"[dim]system:[/] {escape(rec.system_prompt)}", soft_wrap=True)
-    for m in messages:
+    of_reply = {t["message_index"]: t for t in turns if t["message_index"] is not None}
+    for i, m in enumerate(messages):
         console.print(f"[bold]{m.role}:[/] {escape(m.content)}", soft_wrap=True)
+        if (t := of_reply.get(i)) is not None:
+            jump = " · [yellow]topic jump[/]" if t["topic_jump"] else ""
+            console.print(f"[dim]temperature {t['temperature']:.2f}{jump}[/]")
 
 
 @sessions_app.command("delete")

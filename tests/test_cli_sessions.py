@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from suffixmem.conversation.records import NewMessage
+from suffixmem.conversation.records import NewMessage, TurnEvent
 from suffixmem.conversation.store import Store
 
 
@@ -26,6 +26,12 @@ def test_list_show_delete_vacuum(tmp_path: Path) -> None:
     store = Store(url)
     store.open_session("keep", system_prompt="Be brief.")
     store.append_messages("keep", [NewMessage("user", "Hi"), NewMessage("assistant", "Hello!")])
+    store.commit_turn("keep", [NewMessage("user", "Tell me about Mars."),
+                               NewMessage("assistant", "A red planet.")],
+                      TurnEvent(prompt_tokens=9, cached_tokens=0, ttft_s=0.1, latency_s=0.2,
+                                temperature=0.0, topic_jump=True), temperature=0.0,
+                      window_start=0)
+    store.set_temperature_range("keep", 0.7, 0.1, lambda t: max(0.1, t))
     for i in range(60):  # enough rows that deleting them frees pages
         store.open_session(f"old{i}")
         store.append_messages(f"old{i}", [NewMessage("user", "x" * 2000)])
@@ -34,10 +40,22 @@ def test_list_show_delete_vacuum(tmp_path: Path) -> None:
     r = _run("list", "--json", "--database", url)
     assert r.returncode == 0, r.stderr
     listed = {s["id"]: s["messages"] for s in json.loads(r.stdout)}
-    assert listed["keep"] == 2 and len(listed) == 61
+    assert listed["keep"] == 4 and len(listed) == 61
     r = _run("show", "keep", "--json", "--database", url)
-    assert json.loads(r.stdout) == {"id": "keep", "system_prompt": "Be brief.", "messages": [
-        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
+    shown = json.loads(r.stdout)
+    assert shown == {
+        "id": "keep", "system_prompt": "Be brief.", "temperature": 0.1,
+        "temperature_hot": 0.7, "temperature_cold": 0.1, "messages": [
+            {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Tell me about Mars."},
+            {"role": "assistant", "content": "A red planet."}],
+        "turns": [{"prompt_tokens": 9, "cached_tokens": 0, "completion_tokens": 0,
+                   "ttft_s": 0.1, "temperature": 0.0, "topic_jump": True,
+                   "message_index": 3}]}, shown
+    # the text form: the session's temperature and range, each reply's turn below it
+    out = _run("show", "keep", "--database", url).stdout.splitlines()
+    assert out[0] == "temperature 0.10 (its own range: hot 0.7, cold 0.1)"
+    assert out[-2:] == ["assistant: A red planet.", "temperature 0.00 · topic jump"]
 
     r = _run("delete", *[f"old{i}" for i in range(60)], "--database", url)
     assert r.returncode == 0, r.stderr

@@ -100,6 +100,22 @@ def totals(events: Sequence[TurnEvent]) -> dict[str, Any]:
     }
 
 
+def turn_summaries(positions: Sequence[int], events: Sequence[TurnEvent]
+                   ) -> list[dict[str, Any]]:
+    """Each committed turn's figures, as ``GET /v1/sessions/{id}`` and ``sessions show --json``
+    give them, with ``message_index``: the index (in ``positions``, the stored messages'
+    positions in order) of the message that is its reply; None for a turn an edit abandoned
+    (the turns after an edit reuse their positions) or one stored before migration 0005."""
+    index = {p: i for i, p in enumerate(positions)}
+    latest = {t.reply_position: k for k, t in enumerate(events)}
+    return [{"prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
+             "completion_tokens": t.output_tokens, "ttft_s": t.ttft_s,
+             "temperature": t.temperature, "topic_jump": t.topic_jump,
+             "message_index": index.get(t.reply_position)  # type: ignore[arg-type]
+             if latest.get(t.reply_position) == k else None}
+            for k, t in enumerate(events)]
+
+
 @dataclass(slots=True, frozen=True)
 class SegmentSighting:
     """One segment seen in a prompt (``scope``: a session id or ``"*"`` when shared)."""

@@ -44,6 +44,7 @@ from typing import Any
 import anyio
 
 from suffixmem.conversation.manager import ConversationManager, TurnResult
+from suffixmem.conversation.records import turn_summaries
 from suffixmem.conversation.turns import alast_event
 from suffixmem.engine.protocol import Message, TokenEvent
 from suffixmem.errors import InvalidRequestError
@@ -154,21 +155,13 @@ class ChatService:
             history = self.manager.store.messages(sid)
             stats = self.manager.stats(sid)
             turns = self.manager.store.turn_events(sid)
-            # each turn names the message that is its reply: the latest turn whose reply was
-            # stored at a position (an edit abandons the turns after it, and their positions
-            # are reused); None for an abandoned turn, or one stored before migration 0005
-            index = {m.position: i for i, m in enumerate(history)}
-            latest = {t.reply_position: k for k, t in enumerate(turns)}
             return {
                 "id": client_id, "object": "session", "system_prompt": info.system_prompt,
-                "temperature": info.temperature, "created_at": info.created_at.isoformat(),
+                "temperature": info.temperature, "temperature_hot": info.temperature_hot,
+                "temperature_cold": info.temperature_cold,
+                "created_at": info.created_at.isoformat(),
                 "messages": [{"role": m.role, "content": m.content} for m in history],
-                "turns": [{"prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
-                           "completion_tokens": t.output_tokens, "ttft_s": t.ttft_s,
-                           "temperature": t.temperature, "topic_jump": t.topic_jump,
-                           "message_index": index.get(t.reply_position)  # type: ignore[arg-type]
-                           if latest.get(t.reply_position) == k else None}
-                          for k, t in enumerate(turns)],
+                "turns": turn_summaries([m.position for m in history], turns),
                 "usage": {k: stats[k] for k in ("turns", "prompt_tokens", "cached_tokens",
                                                 "output_tokens", "hit_rate", "mean_ttft_s")},
             }

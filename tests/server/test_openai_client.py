@@ -194,6 +194,7 @@ def test_an_edit_leaves_each_reply_with_its_own_turn(server: Server) -> None:
     assert [m["role"] for m in s["messages"]] == ["user", "assistant"] * 2
     assert [t["message_index"] for t in s["turns"]] == [1, None, 3]
     assert s["turns"][2]["prompt_tokens"] == r.usage.prompt_tokens != usage[1]
+    assert s["temperature_hot"] is None and s["temperature_cold"] is None  # the server's range
 
 
 def test_penalties_are_applied(server: Server) -> None:
