@@ -5,8 +5,16 @@ Contract:
   the model's chat template, as every engine does), and ``return_token_ids`` brings back the
   generated ids, so the next turn's prompt repeats this turn's tokens bit for bit and the
   server's prefix cache hits. The servers must serve the same model as ``config.model`` (its
-  tokenizer is loaded locally; ``/v1/models`` is checked at start).
-- ``cache_salt = session_key`` isolates sessions' KV on the server, as in the embedded engine.
+  tokenizer is loaded locally): at start, each replica that answers ``/v1/models`` tokenizes a
+  probe text with ``POST /tokenize``, and ids that differ from the local tokenizer's are a
+  one-line ``ConfigError`` naming the replica and both models (a replica without ``/tokenize``
+  gets a warning and is used unchecked; one that is down at start is not checked). When no
+  replica answers at start, ``UpstreamError`` names each one's cause.
+- URLs are ``http(s)://host[:port]`` base URLs, one per replica (``remote_stream.check_url``).
+- Isolation (``EngineConfig.isolation``): ``cache_salt`` is ``IsolationPolicy.salt``, the
+  session key in ``session`` scope (sessions never share KV on a server, as in the embedded
+  engine), one salt per tenant in ``app`` scope; ``public-prefix`` is refused at construction
+  (vLLM's salt covers the whole block chain).
 - ``Result.cached_tokens`` comes from ``usage.prompt_tokens_details.cached_tokens``: start the
   servers with ``--enable-prompt-tokens-details`` (0 is reported otherwise).
 - Routing (``routing.Router``): a session goes to its pinned replica, else by rendezvous hash
@@ -14,13 +22,21 @@ Contract:
   and the request moves to the session's next replica; when tokens were already streamed the
   new replica continues from prompt + those tokens (a continuation of the same sequence), so
   the caller sees no error and no repeated text. The moved session's next turn is cold there.
+  A guided reply (``json_schema``) is not continued: the grammar would start over on the new
+  replica and break the JSON, so once a token of it was streamed, a failure is a one-line
+  ``UpstreamError`` naming the replica (before the first token it fails over as any request).
+- A request in flight on a replica that gets marked down (by the health check or another
+  request's failure) fails over once the replica has been silent for 5 s, rather than
+  waiting out ``read_timeout_s`` (``remote_stream.sse_chunks``); ``read_timeout_s`` bounds the
+  silence of a replica that is not marked down. When every replica fails a request, the
+  ``UpstreamError`` names each one's last cause.
 - A 4xx answer is the request's own fault: ``InvalidRequestError`` with the server's message,
-  and no failover.
+  and no failover. A malformed event is the replica's fault: failover.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import threading
 import time
@@ -31,9 +47,11 @@ import httpx
 
 from suffixmem.config import EngineConfig
 from suffixmem.engine.base import BaseEngine, one_line
+from suffixmem.engine.isolation import IsolationPolicy
 from suffixmem.engine.protocol import Request, Result, TokenEvent
+from suffixmem.engine.remote_stream import ReplicaFailed, cause, check_url, sse_chunks
 from suffixmem.engine.routing import PinStore, Router, UpstreamError
-from suffixmem.errors import InvalidRequestError
+from suffixmem.errors import ConfigError
 from suffixmem.models import resolve_model
 
 log = logging.getLogger(__name__)
@@ -41,10 +59,10 @@ log = logging.getLogger(__name__)
 __all__ = ["RemoteEngine", "UpstreamError"]
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+# varied scripts and digits: two tokenizers that agree on it are, for prompts, the same one
+_PROBE = "suffixmem tokenizer probe: Grüße aus Köln, 東京タワー, naïve café 12345 ✓ {\"k\": [1]}"
 
-
-class _Failed(Exception):
-    """This replica failed mid-request; try the next one."""
+_Failed = ReplicaFailed  # this replica failed mid-request; try the next one
 
 
 class RemoteEngine(BaseEngine):
@@ -62,12 +80,27 @@ class RemoteEngine(BaseEngine):
             urls = [urls]
         self.config = config = config or EngineConfig()
         self.model_name = config.model
-        self._client = httpx.Client(timeout=httpx.Timeout(read_timeout_s,
-                                                          connect=connect_timeout_s))
-        self.router = Router(list(urls), pins, sticky=sticky, probe=self._probe,
+        # vLLM's salt covers the whole block chain: no public prefix under private blocks
+        self.isolation = IsolationPolicy.from_config(config)
+        self.isolation.require(self.name)
+        urls = [check_url(u) for u in urls]
+        self.read_timeout_s = read_timeout_s
+        timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        self._client = httpx.Client(timeout=timeout)
+        # completions get a fresh connection each (no idle ones kept): its socket is known from
+        # the connect, so a request whose replica goes silent can be hung up on (remote_stream)
+        self._streams = httpx.Client(timeout=timeout,
+                                     limits=httpx.Limits(max_keepalive_connections=0))
+        self.router = Router(urls, pins, sticky=sticky, probe=self._probe,
                              interval_s=health_interval_s, policy=policy)
-        self._load_tokenizer(resolve_model(config.model))
-        self.max_model_len, self.served_model = self._discover(config.max_model_len)
+        try:
+            self._load_tokenizer(resolve_model(config.model))
+            self.max_model_len, self.served_model = self._discover(config.max_model_len)
+            for url in self.router.healthy():
+                self._check_tokenizer(url)
+        except BaseException:
+            self._shutdown()
+            raise
         self._counts_lock = threading.Lock()
         self._stats.extra.update(failovers=0, moved_sessions=0,
                                  replica_requests={u: 0 for u in self.router.urls})
@@ -82,26 +115,44 @@ class RemoteEngine(BaseEngine):
     def _discover(self, wanted_len: int) -> tuple[int, str]:
         """The served model's name and the smallest context window among reachable replicas;
         unreachable ones start marked down (the health thread brings them back)."""
-        lens, names = [], []
+        lens, names, causes = [], [], {}
         for url in self.router.urls:
             try:
-                r = self._client.get(f"{url}/v1/models", timeout=10.0)
-                r.raise_for_status()
-                card = r.json()["data"][0]
-            except (httpx.HTTPError, KeyError, IndexError, ValueError):
-                log.warning("replica %s is not answering /v1/models; marked down", url)
-                self.router.mark_down(url)
+                card = _model_card(self._client, url)
+            except ReplicaFailed as e:
+                causes[url] = str(e)
+                log.warning("replica %s is not answering /v1/models (%s); marked down", url, e)
+                self.router.mark_down(url, announce=False)  # it has no sessions to move yet
                 continue
             names.append(str(card["id"]))
             if card.get("max_model_len"):
                 lens.append(int(card["max_model_len"]))
         if not names:
-            self.router.close()
-            self._client.close()
-            raise UpstreamError(f"no replica answered: {', '.join(self.router.urls)}")
+            raise UpstreamError("no replica answered: " +
+                                ", ".join(f"{u} ({c})" for u, c in causes.items()))
         if len(set(names)) > 1:
             raise UpstreamError(f"replicas serve different models: {sorted(set(names))}")
         return min([wanted_len, *lens]), names[0]
+
+    def _check_tokenizer(self, url: str) -> None:
+        """``ConfigError`` when the replica tokenizes ``_PROBE`` to other ids than the local
+        tokenizer (it serves another model); a warning when it cannot say."""
+        try:
+            r = self._client.post(f"{url}/tokenize", timeout=10.0, json={
+                "model": self.served_model, "prompt": _PROBE, "add_special_tokens": False})
+            theirs = [int(t) for t in r.json()["tokens"]] if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("replica %s: its tokenizer could not be checked (%s)", url, one_line(e))
+            return
+        if theirs is None:
+            log.warning("replica %s answers HTTP %d on /tokenize; its tokenizer is not checked "
+                        "against model %s", url, r.status_code, self.config.model)
+            return
+        if theirs != self.tokenizer.encode(_PROBE, add_special_tokens=False):
+            raise ConfigError(
+                f"replica {url} serves {self.served_model!r}, whose tokenizer differs from that "
+                f"of the local model {self.config.model!r} (a probe text gave other token ids); "
+                "start the replicas with that model, or name the model they serve as model=")
 
     # -- generation -----------------------------------------------------------------------------
     def _prepare(self, request: Request, prompt_ids: list[int]) -> dict[str, Any]:
@@ -110,7 +161,7 @@ class RemoteEngine(BaseEngine):
             "model": self.served_model, "prompt": prompt_ids, "max_tokens": s.max_tokens,
             "temperature": s.temperature, "top_p": s.top_p, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True,
-            "cache_salt": request.session_key, "ignore_eos": s.ignore_eos,
+            "cache_salt": self.isolation.salt(request.session_key), "ignore_eos": s.ignore_eos,
         }
         if s.top_k > 0:
             body["top_k"] = s.top_k
@@ -135,14 +186,15 @@ class RemoteEngine(BaseEngine):
         ids: list[int] = []
         texts: list[str] = []
         tried: list[str] = []
+        causes: dict[str, str] = {}  # the last cause per replica tried
+        streamed = False  # whether the caller has seen any of the reply
         while True:
             order = [u for u in self.router.route(key) if u not in tried]
             if not order and not tried:
                 self.router.check_now()  # every replica was marked down: look again once
                 order = self.router.route(key)
             if not order:
-                raise UpstreamError(f"no healthy replica for session {key!r} (tried "
-                                    f"{', '.join(tried) or 'none'} of {len(self.router.urls)})")
+                raise UpstreamError(self._none_left(key, causes))
             url = order[0]
             tried.append(url)
             body = dict(payload, prompt=prompt_ids + ids,
@@ -153,29 +205,43 @@ class RemoteEngine(BaseEngine):
             finish: str | None = None
             stop_reason: Any = None
             try:
-                for chunk in self._events(url, body):
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-                    for choice in chunk.get("choices") or ():
-                        new = [int(t) for t in choice.get("token_ids") or ()]
-                        text = choice.get("text") or ""
-                        if choice.get("finish_reason"):
-                            finish = choice["finish_reason"]
-                            stop_reason = choice.get("stop_reason")
-                            if finish == "stop" and stop_reason is None and new and \
-                                    new[-1] == self.template.eos_token_id:
-                                new = new[:-1]  # the end-of-turn token stays out of the reply
-                        if new and not ids:
-                            ttft = time.perf_counter() - t0
-                        for j, tid in enumerate(new):
-                            yield TokenEvent(tid, text if j == len(new) - 1 else "", len(ids))
-                            ids.append(tid)
-                        if not new and text:
-                            yield TokenEvent(-1, text, len(ids))
-                        texts.append(text)
+                # closed here, not by garbage collection: a caller that drops this stream
+                # hangs up on the replica at once
+                with contextlib.closing(self._events(url, body)) as events:
+                    for chunk in events:
+                        if chunk.get("usage"):
+                            usage = chunk["usage"]
+                        for choice in chunk.get("choices") or ():
+                            new = [int(t) for t in choice.get("token_ids") or ()]
+                            text = choice.get("text") or ""
+                            if choice.get("finish_reason"):
+                                finish = choice["finish_reason"]
+                                stop_reason = choice.get("stop_reason")
+                                if finish == "stop" and stop_reason is None and new and \
+                                        new[-1] == self.template.eos_token_id:
+                                    new = new[:-1]  # the end-of-turn token stays out
+                            if new and not ids:
+                                ttft = time.perf_counter() - t0
+                            for j, tid in enumerate(new):
+                                streamed = True
+                                last = j == len(new) - 1
+                                yield TokenEvent(tid, text if last else "", len(ids))
+                                ids.append(tid)
+                            if not new and text:
+                                streamed = True
+                                yield TokenEvent(-1, text, len(ids))
+                            texts.append(text)
                 if finish is None:
                     raise _Failed("stream ended without a finish reason")
             except _Failed as e:
+                causes[url] = str(e)
+                if streamed and "structured_outputs" in payload:
+                    # the grammar would start over on the next replica, after the half streamed
+                    self.router.mark_down(url)
+                    raise UpstreamError(
+                        f"replica {url} failed after {len(ids)} tokens of a guided (json_schema) "
+                        f"reply ({one_line(e)}); a guided reply cannot be continued on another "
+                        "replica; send the request again") from None
                 self._failover(url, key, e)
                 continue
             break
@@ -193,27 +259,19 @@ class RemoteEngine(BaseEngine):
         )
 
     def _events(self, url: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The server's SSE chunks as dicts; ``_Failed`` when the replica is unusable."""
-        try:
-            with self._client.stream("POST", f"{url}/v1/completions", json=body) as r:
-                if r.status_code >= 500:
-                    raise _Failed(f"HTTP {r.status_code}")
-                if r.status_code >= 400:
-                    r.read()
-                    raise InvalidRequestError(f"replica {url} refused the request: "
-                                              f"{_server_message(r)}")
-                for line in r.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        return
-                    chunk = json.loads(data)
-                    if "error" in chunk and "choices" not in chunk:
-                        raise _Failed(f"stream error: {chunk['error']}")
-                    yield chunk
-        except httpx.TransportError as e:
-            raise _Failed(one_line(e)) from e
+        """The server's SSE chunks as dicts; ``_Failed`` when the replica is unusable, also
+        when it is marked down while the request waits on it (``remote_stream``)."""
+        return sse_chunks(self._streams, url, body, read_timeout_s=self.read_timeout_s,
+                          is_down=lambda: self.router.is_down(url))
+
+    def _none_left(self, key: str, causes: dict[str, str]) -> str:
+        """Why no replica is left for the request: each one tried with its last cause."""
+        n = len(self.router.urls)
+        if not causes:
+            return (f"no healthy replica for session {key!r}: all {n} are down "
+                    f"({', '.join(self.router.urls)})")
+        tried = ", ".join(f"{u} ({c})" for u, c in causes.items())
+        return f"no healthy replica for session {key!r}: tried {tried} of {n}"
 
     def _failover(self, url: str, key: str, error: Exception) -> None:
         log.warning("replica %s failed for session %s (%s); trying its next replica", url, key,
@@ -267,12 +325,25 @@ class RemoteEngine(BaseEngine):
     def _shutdown(self) -> None:
         self.router.close()
         self._client.close()
+        self._streams.close()
 
 
-def _server_message(response: httpx.Response) -> str:
+def _model_card(client: httpx.Client, url: str) -> dict[str, Any]:
+    """The first model ``url/v1/models`` lists; ``ReplicaFailed`` saying why there is none."""
     try:
-        err = response.json().get("error", {})
-        message = err.get("message") if isinstance(err, dict) else str(err)
-    except ValueError:
-        message = response.text
-    return " ".join(str(message or f"HTTP {response.status_code}").split())[:500]
+        r = client.get(f"{url}/v1/models", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise ReplicaFailed(cause(e)) from None
+    if r.status_code == 404:
+        hint = ("a base URL ending in /v1? give the server's root" if url.endswith("/v1")
+                else "not a vLLM OpenAI-compatible server?")
+        raise ReplicaFailed(f"HTTP 404 on /v1/models: {hint}")
+    if r.status_code != 200:
+        raise ReplicaFailed(f"HTTP {r.status_code} on /v1/models")
+    try:
+        card = r.json()["data"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        card = None
+    if not isinstance(card, dict) or "id" not in card:
+        raise ReplicaFailed("/v1/models answered without a model list")
+    return card

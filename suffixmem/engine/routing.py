@@ -14,7 +14,9 @@ Contract:
 - ``policy="round_robin"`` ignores sessions (what a session-blind balancer does): the baseline
   of ``suffixmem bench scale``.
 - Health: a failed request marks its replica down at once; a background thread probes every
-  replica's ``/health`` each ``interval_s`` and brings recovered ones back.
+  replica's ``/health`` each ``interval_s`` and brings recovered ones back. ``is_down(url)`` is
+  that view of one replica: a request waiting on a replica that went down gives up on it
+  (``remote_stream``).
 """
 
 from __future__ import annotations
@@ -131,9 +133,16 @@ class Router:
                             exc_info=True)
         return pin is not None and pin != url
 
-    def mark_down(self, url: str) -> None:
+    def is_down(self, url: str) -> bool:
+        """Whether ``url`` is marked down now (by a failed request or the health probe)."""
         with self._lock:
-            if url not in self._down:
+            return url in self._down
+
+    def mark_down(self, url: str, *, announce: bool = True) -> None:
+        """Take ``url`` out of routing until a probe finds it up. ``announce=False``: no log
+        line (start-up marks a replica that never answered, which has no sessions to move)."""
+        with self._lock:
+            if url not in self._down and announce:
                 log.warning("replica %s is down; its sessions move to their next replica", url)
             self._down.add(url)
 

@@ -228,7 +228,10 @@ def test_adapters_name_the_remote_engine(replicas, database_url) -> None:  # typ
                        max_tokens=8, temperature=0.0)
     assert llm.metadata.context_window == 1024 and llm.metadata.is_function_calling_model
     try:
-        assert runtime.get_engine("remote", **options) is chat.get_manager().engine
+        # the engine keeps its replica pins in the rows of the adapter's database
+        engine = runtime.get_engine("remote", **options, database_url=database_url)
+        assert engine is chat.get_manager().engine
+        assert type(engine.router.pins).__name__ == "SqlPins"  # type: ignore[attr-defined]
         assert llm.get_manager() is chat.get_manager()  # one engine, one database: one manager
         config = {"configurable": {"session_id": "remote-adapter"}}
         sent = [("system", SYSTEM), ("human", "Tell me about bread.")]

@@ -1,9 +1,18 @@
-"""Session affinity without servers: rendezvous order, pins, health, and the shared pin store."""
+"""Session affinity without servers: rendezvous order, pins, health, and the shared pin store;
+then the remote engine against fake replicas (loopback HTTP servers that load no model, only the
+local tokenizer): start-up checks, failover, guided replies, isolation."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -190,3 +199,323 @@ def test_shared_turn_lock_serialises_one_session_across_managers(remote_pg_url, 
         pass
     a_store.close()
     b_store.close()
+
+
+# -- the remote engine against fake replicas (loopback HTTP, no model) -------------------------
+SERVED = "smollm2-135m-instruct"
+REPLY_TEXT = '{"colour": "blue", "size": 3}'
+SCHEMA = {"type": "object", "properties": {"colour": {"type": "string"}}}
+
+
+class FakeReplica:
+    """A ``vllm serve`` stand-in on loopback: ``/health``, ``/v1/models``, ``/tokenize`` (the
+    local tokenizer's ids, shifted by ``tokenize_shift``; ``tokenize_status`` 404: none) and a
+    streaming ``/v1/completions`` that sends the last ``max_tokens`` ids of ``reply``, one per
+    event (so a continuation elsewhere ends the same reply). ``mode``: ``ok``; ``500``;
+    ``hang`` (accepts, never answers until closed); ``die:N`` (drops the connection after N
+    events); ``stall:N`` (goes silent after N events until closed); ``garbage:N`` (an event
+    that is not JSON after N); ``slow`` (0.2 s between events). Records every completion body
+    in ``bodies`` and sets ``disconnected`` when the client hangs up mid-stream."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.reply: list[int] = tokenizer.encode(REPLY_TEXT, add_special_tokens=False)
+        self.mode, self.healthy = "ok", True
+        self.tokenize_status, self.tokenize_shift = 200, 0
+        self.bodies: list[dict[str, Any]] = []
+        self.disconnected, self.release = threading.Event(), threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def events(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        ids = self.reply[len(self.reply) - int(body["max_tokens"]):]
+        for i, tid in enumerate(ids):
+            yield {"choices": [{"index": 0, "text": self.tokenizer.decode([tid]),
+                                "token_ids": [tid],
+                                "finish_reason": "length" if i == len(ids) - 1 else None}]}
+        yield {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]),
+                                        "completion_tokens": len(ids),
+                                        "prompt_tokens_details": {"cached_tokens": 0}}}
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _handler(fake: FakeReplica) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def answer(self, status: int, payload: Any) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self.answer(200 if fake.healthy else 503, {})
+            elif self.path == "/v1/models":
+                self.answer(200, {"data": [{"id": SERVED, "max_model_len": 2048}]})
+            else:
+                self.answer(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/tokenize":
+                ids = fake.tokenizer.encode(body["prompt"], add_special_tokens=bool(
+                    body.get("add_special_tokens", True)))
+                self.answer(fake.tokenize_status,
+                            {"tokens": [t + fake.tokenize_shift for t in ids]})
+                return
+            if self.path != "/v1/completions":
+                self.answer(404, {"detail": "Not Found"})
+                return
+            fake.bodies.append(body)
+            mode, _, n = fake.mode.partition(":")
+            if mode == "500":
+                self.answer(500, {"error": {"message": "boom"}})
+                return
+            if mode == "hang":
+                fake.release.wait()
+                return
+            self.close_connection = True  # the body ends with the connection
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            try:
+                for i, event in enumerate(fake.events(body)):
+                    if n and i == int(n):
+                        if mode == "die":
+                            return
+                        if mode == "stall":
+                            fake.release.wait()
+                            return
+                        if mode == "garbage":
+                            self.wfile.write(b"data: {not json\n\n")
+                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                    self.wfile.flush()
+                    if mode == "slow":
+                        time.sleep(0.2)
+                self.wfile.write(b"data: [DONE]\n\n")
+            except OSError:  # the client hung up
+                fake.disconnected.set()
+
+    return Handler
+
+
+@pytest.fixture
+def fakes(tokenizer: Any) -> Iterator[list[FakeReplica]]:
+    made = [FakeReplica(tokenizer) for _ in range(2)]
+    yield made
+    for fake in made:
+        fake.close()
+
+
+def _engine(fakes: list[FakeReplica], **options: Any) -> Any:
+    from suffixmem.engine import create_engine
+
+    return create_engine("remote", urls=[f.url for f in fakes],
+                         **{"health_interval_s": 0, **options})
+
+
+def _on(fake: FakeReplica, fakes: list[FakeReplica]) -> str:
+    """A session key whose rendezvous choice is ``fake``."""
+    urls = [f.url for f in fakes]
+    return next(k for k in (f"s{i}" for i in range(1000)) if rank(k, urls)[0] == fake.url)
+
+
+def _request(key: str, fake: FakeReplica, **sampling: Any) -> Any:
+    from suffixmem.engine.protocol import Request, SamplingParams
+
+    return Request(key, token_ids=[1, 2, 3], sampling=SamplingParams(
+        max_tokens=len(fake.reply), temperature=0.0, **sampling))
+
+
+def test_a_normal_stream_keeps_its_order_and_closing_it_hangs_up(fakes) -> None:  # type: ignore[no-untyped-def]
+    from suffixmem.engine.protocol import Result, TokenEvent
+
+    a, b = fakes
+    engine = _engine(fakes)
+    try:
+        key = _on(a, fakes)
+        events = list(engine.stream(_request(key, a)))
+        result = events[-1]
+        assert isinstance(result, Result) and result.finish_reason == "length"
+        assert [e.token_id for e in events[:-1] if isinstance(e, TokenEvent)] == a.reply
+        assert list(result.token_ids) == a.reply and result.text == REPLY_TEXT
+        assert len(a.bodies) == 1 and not b.bodies
+        a.mode = "slow"
+        stream = engine.stream(_request(key, a))
+        assert isinstance(next(stream), TokenEvent)
+        stream.close()  # the caller gives up early: the replica sees the disconnect
+        assert a.disconnected.wait(5)
+    finally:
+        engine.close()
+
+
+def test_a_guided_reply_is_not_continued_on_another_replica(fakes) -> None:  # type: ignore[no-untyped-def]
+    from suffixmem.engine.protocol import TokenEvent
+
+    a, b = fakes
+    engine = _engine(fakes)
+    try:
+        key = _on(a, fakes)
+        a.mode = "die:3"
+        streamed = []
+        with pytest.raises(UpstreamError) as failed:
+            streamed.extend(engine.stream(_request(key, a, json_schema=SCHEMA)))
+        message = str(failed.value)
+        assert a.url in message and "cannot be continued on another replica" in message
+        assert len(message.splitlines()) == 1
+        assert len([e for e in streamed if isinstance(e, TokenEvent)]) == 3
+        assert not b.bodies  # nothing was sent on: the grammar would restart there
+        a.mode, b.mode = "ok", "ok"
+        engine.router.mark_up(a.url)
+        a.mode = "die:0"  # fails before its first token: a guided request fails over as any
+        result = engine.generate(_request(key, a, json_schema=SCHEMA))
+        assert json.loads(result.text) == json.loads(REPLY_TEXT)
+        assert len(b.bodies) == 1 and b.bodies[0]["prompt"] == [1, 2, 3]
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("mode", ["hang", "stall:3"])
+def test_a_request_on_a_replica_marked_down_fails_over_at_once(fakes, mode: str) -> None:  # type: ignore[no-untyped-def]
+    a, b = fakes
+    engine = _engine(fakes, health_interval_s=0.2)  # read_timeout_s stays 600 s
+    try:
+        key = _on(a, fakes)
+        a.mode = mode
+        done: list[Any] = []
+        worker = threading.Thread(target=lambda: done.append(engine.generate(_request(key, a))),
+                                  daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while not a.bodies and time.monotonic() < deadline:
+            time.sleep(0.05)
+        a.healthy = False  # the health probe marks it down while the request waits on it
+        worker.join(10)
+        assert done, "the request still waits on a replica marked down"
+        assert list(done[0].token_ids) == a.reply  # b continued (or restarted) the same reply
+        assert engine.replica_of(key) == b.url
+        assert engine.stats().extra["failovers"] == 1
+    finally:
+        a.release.set()
+        engine.close()
+
+
+def test_read_timeout_bounds_a_silent_replica(fakes) -> None:  # type: ignore[no-untyped-def]
+    a, b = fakes
+    engine = _engine(fakes, read_timeout_s=1.0)
+    try:
+        key = _on(a, fakes)
+        a.mode = "hang"  # healthy by its /health, silent on completions
+        t0 = time.monotonic()
+        result = engine.generate(_request(key, a))
+        assert list(result.token_ids) == a.reply and engine.replica_of(key) == b.url
+        assert time.monotonic() - t0 < 5
+    finally:
+        a.release.set()
+        engine.close()
+
+
+def test_start_checks_the_replicas_tokenizer(fakes, caplog) -> None:  # type: ignore[no-untyped-def]
+    from suffixmem.errors import ConfigError
+
+    b = fakes[1]
+    b.tokenize_shift = 1  # another model's vocabulary
+    with pytest.raises(ConfigError) as wrong:
+        _engine(fakes)
+    message = str(wrong.value)
+    assert b.url in message and SERVED in message and len(message.splitlines()) == 1
+    assert "tokenizer differs" in message
+    b.tokenize_shift, b.tokenize_status = 0, 404  # a server without /tokenize: used unchecked
+    with caplog.at_level(logging.WARNING, logger="suffixmem.engine.remote"):
+        engine = _engine(fakes)
+    engine.close()
+    warned = [r.getMessage() for r in caplog.records if "/tokenize" in r.getMessage()]
+    assert len(warned) == 1 and b.url in warned[0]
+
+
+def test_start_names_each_replicas_cause(fakes, caplog) -> None:  # type: ignore[no-untyped-def]
+    from suffixmem.engine import create_engine
+
+    a = fakes[0]
+    port = a.url.rsplit(":", 1)[1]
+    urls = ["http://127.0.0.1:9", f"https://127.0.0.1:{port}", f"{a.url}/v1"]
+    with caplog.at_level(logging.WARNING), pytest.raises(UpstreamError) as none:
+        create_engine("remote", urls=urls, health_interval_s=0, connect_timeout_s=2.0)
+    message = str(none.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith("no replica answered: http://127.0.0.1:9 (connection refused), "
+                              f"https://127.0.0.1:{port} (TLS handshake failed: ")
+    assert message.endswith(f"{a.url}/v1 (HTTP 404 on /v1/models: a base URL ending in /v1? "
+                            "give the server's root)")
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("not answering" in m for m in lines) == 3
+    assert not any("sessions move" in m for m in lines)  # none was ever up
+
+
+@pytest.mark.parametrize("url", ["localhost:8171", "http://127.0.0.1:8171,http://127.0.0.1:8172",
+                                 "ftp://127.0.0.1:8171", "http://127.0.0.1:99999"])
+def test_a_url_that_is_no_replica_url_is_refused_before_any_request(url: str) -> None:
+    from suffixmem.engine import create_engine
+    from suffixmem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(repr(url))) as bad:
+        create_engine("remote", urls=[url], health_interval_s=0)
+    assert len(str(bad.value).splitlines()) == 1
+
+
+def test_when_every_replica_fails_the_error_names_each_cause(fakes) -> None:  # type: ignore[no-untyped-def]
+    a, b = fakes
+    engine = _engine(fakes)
+    try:
+        a.mode, b.mode = "500", "die:2"
+        with pytest.raises(UpstreamError) as failed:
+            engine.generate(_request(_on(a, fakes), a))
+        message = str(failed.value)
+        assert f"{a.url} (HTTP 500)" in message
+        assert f"{b.url} (stream ended without a finish reason)" in message
+        assert len(message.splitlines()) == 1
+    finally:
+        engine.close()
+
+
+def test_a_malformed_event_fails_over(fakes) -> None:  # type: ignore[no-untyped-def]
+    a, b = fakes
+    engine = _engine(fakes)
+    try:
+        key = _on(a, fakes)
+        a.mode = "garbage:2"
+        result = engine.generate(_request(key, a))
+        assert list(result.token_ids) == a.reply and result.text == REPLY_TEXT
+        assert b.bodies[0]["prompt"] == [1, 2, 3, *a.reply[:2]]  # continued after 2 tokens
+        assert engine.router.is_down(a.url) and engine.replica_of(key) == b.url
+    finally:
+        engine.close()
+
+
+def test_remote_applies_the_isolation_scope(fakes) -> None:  # type: ignore[no-untyped-def]
+    from suffixmem.errors import ConfigError
+
+    a = fakes[0]
+    with pytest.raises(ConfigError, match=re.escape(
+            "isolation 'public-prefix' is not supported by the remote engine")):
+        _engine(fakes, isolation="public-prefix")
+    for scope, salts in (("app", {"\x00app:acme"}), ("session", {"alice", "bob"})):
+        engine = _engine([a], isolation=scope, tenant="acme")
+        try:
+            a.bodies.clear()
+            for key in ("alice", "bob"):
+                engine.generate(_request(key, a))
+            assert {body["cache_salt"] for body in a.bodies} == salts
+        finally:
+            engine.close()
