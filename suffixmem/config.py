@@ -30,7 +30,8 @@ def suffixmem_home() -> Path:
     if home.exists() and not home.is_dir():
         raise ConfigError(f"{name} is a file, not a folder; set SUFFIXMEM_HOME to a folder")
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        # 0700 when new: it holds every conversation (the database) and their KV
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(
             f"{name} cannot be created ({e.strerror or e}); set SUFFIXMEM_HOME to a writable "

@@ -119,6 +119,8 @@ def make_engine(url: str) -> Engine:
             parsed = parsed.difference_update_query(["synchronous"])
             url = parsed.render_as_string(hide_password=False)
         memory = parsed.database in (None, "", ":memory:")
+        if not memory and not str(parsed.database).startswith("file:"):
+            _create_private(Path(str(parsed.database)))
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         if memory:
             kwargs["poolclass"] = StaticPool  # one shared connection, or each gets an empty DB
@@ -382,3 +384,13 @@ class Database:
     def close(self) -> None:
         """Close every pooled connection."""
         self.engine.dispose()
+
+
+def _create_private(path: Path) -> None:
+    """Create a missing SQLite file readable by its owner only (0600; SQLite gives its WAL and
+    shared-memory files the same mode): it holds every conversation, and SQLite's own 0644
+    let every local user read them. An existing file, or a missing folder (the connect then
+    fails with its own message), is left alone."""
+    with contextlib.suppress(FileExistsError, FileNotFoundError, NotADirectoryError,
+                             PermissionError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

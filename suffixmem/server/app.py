@@ -18,22 +18,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from suffixmem.conversation.manager import ConversationManager
 from suffixmem.errors import SuffixmemError
-from suffixmem.server.errors import APIError, invalid_value, to_api_error, validation_error
-from suffixmem.server.protocol import ChatCompletionRequest, ErrorResponse
+from suffixmem.server.errors import (
+    APIError,
+    error_response,
+    invalid_value,
+    to_api_error,
+    validation_error,
+)
+from suffixmem.server.guards import BodyLimit, HostCheck, KeyCheck, SecurityHeaders
+from suffixmem.server.protocol import ChatCompletionRequest
 from suffixmem.server.serving import SESSION_HEADER, ChatService, ServerConfig, namespace
 
 STATIC = files("suffixmem.server") / "static"
 # what a session id echoed in a header keeps as is: printable ASCII but the space and "%"
 HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
-
-
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(ErrorResponse(error=err.body).model_dump(), status_code=err.status,
-                        headers=err.headers)
 
 
 class ReleasingStream(StreamingResponse):
@@ -51,59 +53,12 @@ class ReleasingStream(StreamingResponse):
             await self.release()
 
 
-class KeyCheck:
-    """401 for an ``/v1/`` request without a valid key before anything reads its body: an
-    unauthenticated caller learns nothing of the body's rules or size limit (OpenAI's order)."""
-
-    def __init__(self, app: ASGIApp, check: Callable[[Request], str]) -> None:
-        self.app, self.check = app, check
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            try:
-                self.check(Request(scope))
-            except APIError as e:
-                await error_response(e)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class BodyLimit:
-    """413 for request bodies over ``limit`` bytes: by Content-Length up front, and by counting
-    when the body is streamed without one (so a lying header cannot get past it)."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_big = APIError(413, f"request body is larger than {self.limit} bytes",
-                           param="body", code="request_too_large")
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await error_response(too_big)(scope, receive, send)
-                return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise too_big
-            return msg
-
-        await self.app(scope, limited, send)
-
-
 def create_app(manager: ConversationManager, config: ServerConfig | None = None) -> FastAPI:
     """The server's ASGI app over ``manager`` (whose engine and database the caller owns)."""
     service = ChatService(manager, config)
     keys = service.config.api_keys
-    app = FastAPI(title="suffixmem", docs_url=None, redoc_url=None)
+    # no schema route either: every route but /health and the page needs the key (docs)
+    app = FastAPI(title="suffixmem", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
 
     def ns_of(request: Request) -> str:
@@ -207,6 +162,9 @@ def create_app(manager: ConversationManager, config: ServerConfig | None = None)
 
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_middleware(BodyLimit, limit=service.config.max_body_bytes)
-    if keys:  # added last, so it runs first
+    if keys:
         app.add_middleware(KeyCheck, check=ns_of)
+    app.add_middleware(SecurityHeaders)
+    if service.config.allowed_hosts is not None:  # added last, so it runs first
+        app.add_middleware(HostCheck, allowed=service.config.allowed_hosts)
     return app

@@ -8,6 +8,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fastapi.responses import JSONResponse
+
 from suffixmem.conversation.locks import SessionBusyError
 from suffixmem.engine.routing import UpstreamError
 from suffixmem.errors import (
@@ -18,7 +20,7 @@ from suffixmem.errors import (
     StoreError,
     UnknownSessionError,
 )
-from suffixmem.server.protocol import ChatCompletionRequest, ErrorBody
+from suffixmem.server.protocol import ChatCompletionRequest, ErrorBody, ErrorResponse
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +114,8 @@ def validation_error(errors: Sequence[Mapping[str, Any]],
                                if _field(e.get("loc", ())) == param))
     said = wants[0] + "".join(f" or {w.removeprefix('Input should be ')}" for w in wants[1:])
     return invalid_value(f"{param or 'body'}: {said}", param)
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=err.body).model_dump(), status_code=err.status,
+                        headers=err.headers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
@@ -35,6 +36,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
     from suffixmem.conversation.manager import ConversationManager
     from suffixmem.engine import create_engine
     from suffixmem.server.app import create_app
+    from suffixmem.server.guards import LOOPBACK_HOSTS
 
     options: dict[str, object] = {"max_model_len": max_model_len}
     if kv_tier:
@@ -49,8 +51,11 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
         mgr = ConversationManager(eng, database_url=database_url, config=manager_config)
         try:
             mgr.detector()  # load the topic detector now, not inside the first request
+            if host in LOOPBACK_HOSTS:  # a page elsewhere must not reach it via DNS rebinding
+                config = dataclasses.replace(config or ServerConfig(),
+                                             allowed_hosts=LOOPBACK_HOSTS)
             app = create_app(mgr, config)
-            if host not in ("127.0.0.1", "localhost", "::1") and not (config and config.api_keys):
+            if host not in LOOPBACK_HOSTS and not (config and config.api_keys):
                 log.warning("serving on %s without an API key: anyone who can reach it can "
                             "read every session", host)
             if on_ready is not None:

@@ -36,9 +36,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -75,13 +77,18 @@ class ServerConfig:
     """``api_keys``: accepted bearer keys (empty: no auth, one shared namespace);
     ``max_body_bytes``: request bodies above this get 413; ``max_pending``: turns running or
     waiting at once before 429; ``served_model_name``: the id in ``/v1/models`` (default: the
-    engine's model name); any other ``model`` in a request is 404."""
+    engine's model name, a model folder's own name rather than its path, which ``/health``
+    would show anyone); any other ``model`` in a request is 404 (the folder's path is still
+    accepted). ``allowed_hosts``: the ``Host`` header values (without port) a request may
+    carry, ``None`` for any; ``serve`` on loopback sets the loopback names, so a web page on
+    another origin cannot reach it through DNS rebinding."""
 
     api_keys: tuple[str, ...] = ()
     max_body_bytes: int = 4 * 1024 * 1024
     max_pending: int = 64
     served_model_name: str | None = None
     extra_model_names: tuple[str, ...] = field(default=())
+    allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -90,6 +97,14 @@ class ServerConfig:
             raise InvalidRequestError(f"max_pending must be >= 1, got {self.max_pending}")
         if any(not k or not k.strip() for k in self.api_keys):
             raise InvalidRequestError("api_keys must be non-empty strings")
+
+
+def _public_name(model: str) -> str:
+    """A model's name as the server shows it: a folder or file path's last part (the path
+    tells anyone who can reach ``/health`` how the host is laid out)."""
+    if "/" in model or os.sep in model:
+        return Path(model).name or model
+    return model
 
 
 def namespace(api_key: str | None) -> str:
@@ -105,7 +120,10 @@ class ChatService:
     def __init__(self, manager: ConversationManager, config: ServerConfig | None = None) -> None:
         self.manager = manager
         self.config = config or ServerConfig()
-        self.model_name = self.config.served_model_name or manager.engine.model_name
+        engine_model = manager.engine.model_name
+        self.model_name = self.config.served_model_name or _public_name(engine_model)
+        # a request naming the model by its folder's path is still served
+        self._also = (engine_model,) if engine_model != self.model_name else ()
         self.pending = 0  # turns admitted and not finished (touched on the event loop only)
 
     # -- models / health ------------------------------------------------------------------------
@@ -135,6 +153,9 @@ class ChatService:
             check_session_id(client_id, field_name)
         except InvalidRequestError as e:
             raise invalid_value(str(e), field_name) from None
+        if client_id in (".", ".."):  # a URL path cannot hold them: /v1/sessions/.. is /v1/
+            raise invalid_value(f"{field_name} must not be {client_id!r} (no URL can name "
+                                "that session)", field_name)
         if len(ns) + len(client_id) > MAX_ID_LEN:  # the key's prefix shares the stored limit
             raise invalid_value(f"{field_name} is too long: {len(client_id)} characters, the "
                                 f"limit with an API key is {MAX_ID_LEN - len(ns)}", field_name)
@@ -190,7 +211,7 @@ class ChatService:
             raise invalid_value(f"{field}: only text output is supported", field)
         if req.prediction is not None:
             raise invalid_value("prediction (predicted outputs) is not supported", "prediction")
-        if req.model is not None and req.model not in (self.model_name,
+        if req.model is not None and req.model not in (self.model_name, *self._also,
                                                        *self.config.extra_model_names):
             raise APIError(404, f"model {req.model!r} is not served here; see /v1/models",
                            param="model", code="model_not_found")

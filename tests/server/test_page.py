@@ -92,6 +92,23 @@ def test_page_two_turns(server: Server, tmp_path: Path) -> None:
             assert int(second.get_attribute("data-prompt") or -1) == \
                 edit["usage"]["prompt_tokens"] != prompt[1]
             expect(page.locator("#ttft-chart rect")).to_have_count(2)  # not the abandoned turn
+            # a session whose id is not Latin-1 (a client's prompt_cache_key) opens and goes on
+            # in the page (fetch refused it in the X-Session-ID header)
+            wide = "café-日本"
+            httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {KEY_A}"},
+                       json={"model": server.model, "max_tokens": 4, "temperature": 0,
+                             "prompt_cache_key": wide,
+                             "messages": [{"role": "user", "content": "Name a fruit."}]}
+                       ).raise_for_status()
+            page.reload()
+            page.locator(f'#sessions button[title^="{wide} "]').click()
+            expect(page.locator("#log .msg.assistant")).to_have_count(1)
+            page.fill("#input", "And another one?")
+            page.press("#input", "Enter")
+            expect(page.locator(".msg.assistant .stats")).to_have_count(2, timeout=120_000)
+            expect(page.locator("#log .msg.error")).to_have_count(0)
+            assert len(server.manager.history(namespace(KEY_A) + wide)) == 4  # type: ignore[attr-defined]
             # another key is another namespace: the conversation leaves the screen (it stayed,
             # and the next message went to that key's session of the same name)
             page.fill("#api-key", KEY_B)

@@ -35,7 +35,8 @@ def test_sigterm_stores_the_answered_turn_and_closes(tmp_path: Path) -> None:
     """``kill -TERM`` right after a reply (how systemd, docker and Kubernetes stop a service):
     the turn the client got is stored and the process exits 0 after closing (uvicorn re-raised
     the signal, whose default action killed the process before ``close()``: exit 143, the
-    write-behind turn lost, SQLite's WAL left behind)."""
+    write-behind turn lost, SQLite's WAL left behind). Also the loopback server's Host check
+    and its database file's mode."""
     import os
     import signal
     import socket
@@ -63,6 +64,12 @@ def test_sigterm_stores_the_answered_turn_and_closes(tmp_path: Path) -> None:
                        json={"messages": [{"role": "user", "content": "Say one."}],
                              "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200, r.text
+        # on loopback it answers loopback names only: a page on another origin whose DNS name
+        # was rebound to 127.0.0.1 sends its own Host, and is refused (it read every session)
+        foreign = httpx.get(f"{url}/v1/sessions", headers={"Host": f"rebind.test:{port}"})
+        assert foreign.status_code == 421, foreign.text
+        assert httpx.get(f"http://localhost:{port}/health").status_code == 200
+        assert db.stat().st_mode & 0o777 == 0o600  # every conversation: the owner's only
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:

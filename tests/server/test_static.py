@@ -46,3 +46,26 @@ def test_serve_bad_options_one_line(args: list[str], word: str) -> None:
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and word in lines[0].replace("-", "_"), r.stderr
+
+
+def test_a_model_folder_is_shown_by_its_name_not_its_path() -> None:
+    """``--model /srv/models/x``: ``/health`` (no key needed) and ``/v1/models`` showed the
+    host's path; the folder's own name is the id, and the path is still accepted."""
+    from suffixmem.server.serving import _public_name
+
+    assert _public_name("/srv/models/smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert _public_name("smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert _public_name("models/q.gguf") == "q.gguf"
+
+
+def test_host_names_are_read_without_their_port() -> None:
+    from suffixmem.server.guards import host_of
+
+    def scope(host: bytes) -> dict:
+        return {"headers": [(b"host", host)]}
+
+    assert host_of(scope(b"127.0.0.1:8000")) == "127.0.0.1"
+    assert host_of(scope(b"LocalHost")) == "localhost"
+    assert host_of(scope(b"[::1]:8000")) == "::1"
+    assert host_of(scope(b"rebind.test:8000")) == "rebind.test"
+    assert host_of({"headers": []}) == ""

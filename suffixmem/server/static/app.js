@@ -1,5 +1,6 @@
 // suffixmem web chat: plain JavaScript, no build step, no CDN. Each chat is a server-side
-// session named by the X-Session-ID header; the page sends only the new message (the server
+// session named by the body's prompt_cache_key (a header carries Latin-1 only, and fetch
+// refused any other id); the page sends only the new message (the server
 // keeps the history), streams the reply over SSE and shows each turn's prompt tokens, cached
 // tokens and time to first token, plus a small SVG chart of TTFT by turn.
 "use strict";
@@ -11,7 +12,6 @@ function headers() {
   const h = { "Content-Type": "application/json" };
   const key = $("api-key").value.trim();
   if (key) h["Authorization"] = "Bearer " + key;
-  if (state.session) h["X-Session-ID"] = state.session;
   return h;
 }
 
@@ -138,7 +138,8 @@ async function send(text) {
     const r = await fetch("/v1/chat/completions", {
       method: "POST", headers: headers(),
       body: JSON.stringify({ messages: [{ role: "user", content: text }], stream: true,
-                             stream_options: { include_usage: true } }),
+                             stream_options: { include_usage: true },
+                             prompt_cache_key: state.session }),
     });
     if (!r.ok) {
       const e = await r.json().catch(() => ({}));
