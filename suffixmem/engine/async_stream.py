@@ -6,7 +6,9 @@ consumer that stops early closes ``events`` (in a thread too, awaited), which fo
 stream aborts the request and for a manager's turn frees the session's lock. A cancelled
 consumer (``asyncio.wait_for`` timing out, a server whose client left) gets its
 ``CancelledError`` at once; ``events`` is closed in the background as soon as the ``next`` in
-flight returns (one token, or the session lock it waits for).
+flight returns (one token, or the session lock it waits for). A ``next`` that waits on
+something that may never answer (the remote engine's replica) polls ``abandoned()`` and gives
+up once the consumer left, so the close (and the session's lock) need not wait for it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,23 @@ log = logging.getLogger(__name__)
 # the asyncio task on whose behalf a worker thread steps a stream (``aiter_events``)
 _TASK: contextvars.ContextVar[int | None] = contextvars.ContextVar("suffixmem_consumer",
                                                                   default=None)
+
+
+# set once the consumer of the stream a worker thread steps has left (``abandoned``)
+_LEFT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "suffixmem_consumer_left", default=None)
+
+
+class ConsumerLeft(Exception):
+    """Raised inside a ``next`` that gave up because its consumer left (``abandoned``); it
+    reaches nobody but the stream's own cleanup, which stores nothing and frees the lock."""
+
+
+def abandoned() -> bool:
+    """Whether the asyncio consumer of the stream running here has left (cancelled, or stopped
+    early): a blocking wait inside ``next`` should give up. False outside ``aiter_events``."""
+    left = _LEFT.get()
+    return left is not None and left.is_set()
 
 
 def consumer() -> tuple[str, int]:
@@ -59,6 +78,8 @@ async def aiter_events(events: Iterator[_T]) -> AsyncIterator[_T]:
     loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
     context.run(_TASK.set, id(asyncio.current_task()))
+    left = threading.Event()
+    context.run(_LEFT.set, left)
     try:
         while True:
             try:
@@ -72,6 +93,7 @@ async def aiter_events(events: Iterator[_T]) -> AsyncIterator[_T]:
             yield event  # type: ignore[misc]
     finally:
         if not finished:
+            left.set()  # a next() still in flight stops waiting (``abandoned``)
             closing = asyncio.get_running_loop().run_in_executor(None, close)
             if not cancelled:
                 await closing

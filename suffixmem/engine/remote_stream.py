@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from suffixmem.engine.async_stream import ConsumerLeft, abandoned
 from suffixmem.engine.driver import one_line
 from suffixmem.errors import ConfigError, InvalidRequestError
 
@@ -116,6 +117,8 @@ def sse_chunks(client: httpx.Client, url: str, body: dict[str, Any], *, read_tim
                 kind, value = items.get(timeout=poll_s)
             except queue.Empty:
                 # only a silent replica is given up on: one still streaming is evidently alive
+                if abandoned():  # the server's client left: its turn ends, its lock frees
+                    raise ConsumerLeft(f"the consumer left while {url} was silent") from None
                 silent = time.monotonic() - last
                 if silent >= down_grace_s and is_down():
                     raise ReplicaFailed("marked down while the request waited for it") from None

@@ -519,3 +519,48 @@ def test_remote_applies_the_isolation_scope(fakes) -> None:  # type: ignore[no-u
             assert {body["cache_salt"] for body in a.bodies} == salts
         finally:
             engine.close()
+
+
+def test_a_consumer_that_leaves_frees_its_session_while_the_replica_is_silent(  # type: ignore[no-untyped-def]
+        fakes, tmp_path) -> None:
+    """A server's client gives up (its task is cancelled) while the session's replica, healthy
+    by its /health, has gone silent: the turn ends at once and frees the session (it held
+    the lock until the 600 s read timeout, so the next turn got 409 for ten minutes)."""
+    import asyncio
+
+    from suffixmem.conversation.manager import ConversationManager, ManagerConfig
+    from suffixmem.engine.async_stream import aiter_events
+
+    a, _ = fakes
+    engine = _engine(fakes)
+    mgr = ConversationManager(engine, f"sqlite:///{tmp_path / 'c.db'}",
+                              ManagerConfig(detect_topics=False, lock_timeout_s=5))
+    key = _on(a, fakes)
+    a.mode = "stall:3"
+    outcome: list[object] = []
+
+    async def client() -> None:
+        async def consume() -> None:
+            async for _ in aiter_events(mgr.stream_chat(key, "Hi.", create=True,
+                                                        max_tokens=20)):
+                pass
+        try:
+            await asyncio.wait_for(consume(), 2)
+        except TimeoutError as e:
+            outcome.append(e)
+
+    # in a thread of its own: asyncio.run waits for the executor, which held the old turn
+    loop = threading.Thread(target=lambda: asyncio.run(client()), daemon=True)
+    loop.start()
+    loop.join(15)
+    try:
+        assert not loop.is_alive() and outcome, "the abandoned turn still holds its worker"
+        a.mode = "ok"
+        t0 = time.monotonic()
+        turn = mgr.chat(key, "Hi.", create=True, max_tokens=3)  # the lock is free
+        assert time.monotonic() - t0 < 4 and turn.text
+        assert [m.role for m in mgr.history(key)] == ["user", "assistant"]  # nothing else
+    finally:
+        a.release.set()
+        mgr.close()
+        engine.close()
