@@ -30,6 +30,24 @@ def test_sampling_rejects_bad_values(kwargs: dict, needle: str) -> None:
         SamplingParams(**kwargs)
 
 
+def test_a_schema_nested_past_the_limit_is_refused() -> None:
+    """Compiling the grammar of a schema 400-600 levels deep cost ~20 s of CPU for a 17 KB
+    request (an outside audit); real schemas nest a few levels."""
+    from suffixmem.engine.protocol import MAX_SCHEMA_DEPTH
+
+    def nested(levels: int) -> dict:
+        schema: dict = {"type": "string"}
+        for _ in range(levels - 1):
+            schema = {"type": "array", "items": schema}
+        return schema
+
+    assert SamplingParams(json_schema=nested(MAX_SCHEMA_DEPTH)).json_schema is not None
+    with pytest.raises(InvalidRequestError, match=f"nests deeper than {MAX_SCHEMA_DEPTH}"):
+        SamplingParams(json_schema=nested(MAX_SCHEMA_DEPTH + 1))
+    with pytest.raises(InvalidRequestError, match="nests deeper"):
+        SamplingParams(json_schema=nested(100_000))  # no recursion limit to hit
+
+
 def test_sampling_normalises_stop() -> None:
     assert SamplingParams(stop="\n").stop == ("\n",)
     assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
