@@ -216,8 +216,6 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
                 chunk = None if answer is None else ChatGenerationChunk(
                     message=reply_chunk(event.text, answer))
             if chunk is not None:
-                if run_manager is not None:
-                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
             if not isinstance(event, TokenEvent):
                 yield self._final_chunk(event, session_id, manager, model, _called(chunk))
@@ -246,8 +244,6 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
                 chunk = None if answer is None else ChatGenerationChunk(
                     message=reply_chunk(event.text, answer))
             if chunk is not None:
-                if run_manager is not None:
-                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
             if not isinstance(event, TokenEvent):
                 # the session lookup is SQL: keep it off the event loop
@@ -261,8 +257,10 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return self._with_llm_output(
-            generate_from_stream(self._stream(messages, stop, run_manager, **kwargs)))
+        # no token callbacks: LangChain calls _generate when it is not to stream (no streaming
+        # handler, or disable_streaming), and streams through _stream itself, reporting each
+        # chunk; reporting here too sent LangGraph every token of a disable_streaming model
+        return self._with_llm_output(generate_from_stream(self._stream(messages, stop, **kwargs)))
 
     async def _agenerate(
         self,
@@ -272,7 +270,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         return self._with_llm_output(
-            await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs)))
+            await agenerate_from_stream(self._astream(messages, stop, **kwargs)))
 
     def _combine_llm_outputs(self, llm_outputs: list[dict[str, Any] | None]) -> dict[str, Any]:
         """``generate``'s ``llm_output`` over several prompts: usage summed (as ChatOpenAI)."""

@@ -456,3 +456,25 @@ def test_a_stream_left_unread_does_not_block_the_next_turn(chat: SuffixMemChatMo
     reply = chat.invoke([HumanMessage("What is the capital of Japan?")], config=cfg)
     assert time.monotonic() - t0 < 20 and reply.response_metadata["history"] == "new"
     assert len(chat.get_manager().history("lc-left")) == 2
+
+
+def test_disable_streaming_sends_no_token_events(chat: SuffixMemChatModel) -> None:
+    """``disable_streaming=True`` inside a run that streams events (LangGraph's "messages"
+    mode, ``astream_events``): the model's reply comes whole, with no per-token events, as
+    LangChain's own models do; without it, the tokens stream (_generate reported every token
+    through its callbacks, so the setting was ignored)."""
+    import asyncio
+
+    from langchain_core.runnables import RunnableLambda
+
+    async def token_events(model: SuffixMemChatModel) -> list[Any]:
+        node = RunnableLambda(lambda text: model.invoke(text, max_tokens=8))
+        return [e async for e in node.astream_events("Name a fruit.", version="v2")
+                if e["event"] == "on_chat_model_stream"]
+
+    quiet = chat.model_copy(update={"disable_streaming": True})
+    assert asyncio.run(token_events(quiet)) == []
+    streamed = asyncio.run(token_events(chat))
+    assert len([e for e in streamed if e["data"]["chunk"].content]) >= 2
+    whole = quiet.invoke("Name a fruit.", max_tokens=8)
+    assert whole.content and whole.usage_metadata["input_tokens"] > 0
