@@ -18,6 +18,7 @@ Nothing here is a cache of conversation state: generated token ids live in SQL o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import asdict, fields, is_dataclass
@@ -159,6 +160,30 @@ def get_manager(
         if manager is None:
             manager = _managers[key] = ConversationManager(engine, url, config)
         return manager
+
+
+def delete_session_on(database_url: str, session_id: str) -> None:
+    """Delete ``session_id`` from the database at ``database_url``: through this process's
+    managers on that database, which also drop its cached KV and their own state of it, else
+    from SQL alone. A session that does not exist (or an id no session can have) is no
+    error: there is nothing to forget."""
+    from suffixmem.conversation.store import Store
+    from suffixmem.errors import InvalidRequestError, UnknownSessionError
+
+    with _lock:
+        managers = [m for (_, url, _), m in _managers.items() if url == database_url]
+    try:
+        if not managers:
+            store = Store(database_url)
+            try:
+                store.delete_session(session_id)
+            finally:
+                store.close()
+        for manager in managers:  # each has its engine's KV of the session to drop
+            with contextlib.suppress(UnknownSessionError):
+                manager.delete_session(session_id)
+    except (UnknownSessionError, InvalidRequestError):
+        pass
 
 
 def database_of(database_url: str | None, engine_options: dict[str, Any]

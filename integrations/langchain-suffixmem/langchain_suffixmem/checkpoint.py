@@ -40,6 +40,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
+from suffixmem import runtime
 from suffixmem.config import default_database_url
 from suffixmem.conversation.checkpoints import (
     CheckpointStore,
@@ -176,9 +177,16 @@ class SuffixMemSaver(BaseCheckpointSaver[str]):
             for i, (channel, value) in enumerate(writes)])
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints, channel values and writes. The suffixmem session of
-        the same id is the manager's to delete (``ConversationManager.delete_session``)."""
-        self.store.delete_thread(str(thread_id))
+        """Delete the thread's checkpoints, channel values and writes, and the suffixmem
+        session of the same id on this database: its messages and statistics, and its cached
+        KV where a manager of this process serves it (``runtime.delete_session_on``). A
+        LangGraph user deletes a thread to forget it; the session kept the whole conversation,
+        and the thread's next first turn, a lone message to a session with history, was
+        answered statelessly and not stored."""
+        tid = str(thread_id)
+        self.store.delete_thread(tid)
+        runtime.delete_session_on(self.store.engine.url.render_as_string(hide_password=False),
+                                  tid)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint (and its writes) whose metadata names one of ``run_ids``."""

@@ -16,6 +16,8 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_suffixmem import SuffixMemChatModel, SuffixMemSaver
 
+from suffixmem.errors import UnknownSessionError
+
 pytestmark = [pytest.mark.slow]
 
 BLOCK = 32  # vLLM's KV block on CPU (the torch engine's 16 divides it): whole blocks hit
@@ -72,6 +74,17 @@ def test_agent_calls_the_calculator_and_reads_its_first_step_from_cache(
         state = agent.get_state(config)
         assert [m.id for m in state.values["messages"]] == [m.id for m in msgs]
         assert saver.get_tuple(config) is not None
+
+        # deleting the thread forgets it: its checkpoints and its session (the session kept
+        # the conversation, and the thread's next first turn went unstored), so the thread
+        # starts over as new
+        saver.delete_thread("agent-1")
+        assert saver.get_tuple(config) is None
+        with pytest.raises(UnknownSessionError):
+            model.get_manager().get_session("agent-1")
+        again = agent.invoke({"messages": [HumanMessage("What is 2 * 3?")]}, config)
+        assert again["messages"][1].response_metadata["history"] == "new"
+        assert model.get_manager().history("agent-1")[0].content == "What is 2 * 3?"
 
 
 def test_prebuilt_agent_with_a_structured_response(engine_params: dict[str, Any],
