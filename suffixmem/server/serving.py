@@ -122,8 +122,9 @@ class ChatService:
         self.config = config or ServerConfig()
         engine_model = manager.engine.model_name
         self.model_name = self.config.served_model_name or _public_name(engine_model)
-        # a request naming the model by its folder's path is still served
-        self._also = (engine_model,) if engine_model != self.model_name else ()
+        # a request naming the model by its folder's path is still served (unless renamed)
+        self._also = (engine_model,) if self.config.served_model_name is None and \
+            engine_model != self.model_name else ()
         self.pending = 0  # turns admitted and not finished (touched on the event loop only)
 
     # -- models / health ------------------------------------------------------------------------
