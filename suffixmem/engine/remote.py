@@ -62,8 +62,6 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 # varied scripts and digits: two tokenizers that agree on it are, for prompts, the same one
 _PROBE = "suffixmem tokenizer probe: Grüße aus Köln, 東京タワー, naïve café 12345 ✓ {\"k\": [1]}"
 
-_Failed = ReplicaFailed  # this replica failed mid-request; try the next one
-
 
 class RemoteEngine(BaseEngine):
     """vLLM servers behind session-affine routing (see the module docstring)."""
@@ -232,8 +230,8 @@ class RemoteEngine(BaseEngine):
                                 yield TokenEvent(-1, text, len(ids))
                             texts.append(text)
                 if finish is None:
-                    raise _Failed("stream ended without a finish reason")
-            except _Failed as e:
+                    raise ReplicaFailed("stream ended without a finish reason")
+            except ReplicaFailed as e:
                 causes[url] = str(e)
                 if streamed and "structured_outputs" in payload:
                     # the grammar would start over on the next replica, after the half streamed
@@ -259,7 +257,7 @@ class RemoteEngine(BaseEngine):
         )
 
     def _events(self, url: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The server's SSE chunks as dicts; ``_Failed`` when the replica is unusable, also
+        """The server's SSE chunks as dicts; ``ReplicaFailed`` when the replica is unusable, also
         when it is marked down while the request waits on it (``remote_stream``)."""
         return sse_chunks(self._streams, url, body, read_timeout_s=self.read_timeout_s,
                           is_down=lambda: self.router.is_down(url))
