@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from suffixmem import heap
 from suffixmem.conversation.topic import TopicDetector, TopicState, TopicVerdict
@@ -99,19 +100,18 @@ class TopicCache:
         if state is None:
             state = detector.replay(turn_pairs(history))
         verdict = detector.observe_user(state, user_text)
-        with self._lock:
-            self._resent[key] = (_stamp(history), state, user_text, verdict.jump)
-            self._resent.move_to_end(key)
-            while len(self._resent) > MAX_STATES:
-                self._resent.popitem(last=False)
+        self._keep(key, (_stamp(history), state, user_text, verdict.jump), self._resent)
         return verdict
 
-    def _keep(self, key: str, entry: tuple[int, TopicState]) -> None:
+    def _keep(self, key: str, entry: Any, states: OrderedDict[str, Any] | None = None) -> None:
+        """``entry`` as ``key``'s latest in ``states`` (the sessions' by default), least
+        recently used dropped past ``MAX_STATES``."""
+        states = self._states if states is None else states
         with self._lock:  # sessions' turns run in several threads at once
-            self._states[key] = entry
-            self._states.move_to_end(key)
-            while len(self._states) > MAX_STATES:
-                self._states.popitem(last=False)
+            states[key] = entry
+            states.move_to_end(key)
+            while len(states) > MAX_STATES:
+                states.popitem(last=False)
 
     def forget(self, key: str) -> None:
         with self._lock:
