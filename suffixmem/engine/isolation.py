@@ -97,11 +97,9 @@ class IsolationPolicy:
         ends = [int(s.end) for s in public_head(segments)]
         return min(max(ends), prompt_len) if ends else 0
 
-    def require(self, engine_name: str, supported: Sequence[str] | None = None) -> None:
-        """Raise ``ConfigError`` unless this scope is one of the engine's ``supported`` (by
-        default its ``ENGINE_SCOPES``)."""
-        if supported is None:
-            supported = ENGINE_SCOPES[engine_name]
+    def require(self, engine_name: str) -> None:
+        """Raise ``ConfigError`` unless the engine serves this scope (``ENGINE_SCOPES``)."""
+        supported = ENGINE_SCOPES[engine_name]
         if self.scope not in supported:
             raise ConfigError(
                 f"isolation {self.scope!r} is not supported by the {engine_name} engine "

@@ -24,7 +24,7 @@ def test_policy_validates_and_names_the_field() -> None:
         EngineConfig(isolation="everything")
     assert EngineConfig().isolation == "session"  # the default: the strongest exact isolation
     with pytest.raises(ConfigError, match="not supported by the vllm engine"):
-        IsolationPolicy("public-prefix").require("vllm", ("session", "app"))
+        IsolationPolicy("public-prefix").require("vllm")
 
 
 def test_salts_per_scope() -> None:
