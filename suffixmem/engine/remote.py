@@ -8,8 +8,10 @@ Contract:
   tokenizer is loaded locally): at start, each replica that answers ``/v1/models`` tokenizes a
   probe text with ``POST /tokenize``, and ids that differ from the local tokenizer's are a
   one-line ``ConfigError`` naming the replica and both models (a replica without ``/tokenize``
-  gets a warning and is used unchecked; one that is down at start is not checked). When no
-  replica answers at start, ``UpstreamError`` names each one's cause.
+  gets a warning and is used unchecked). A replica that is down at start gets the same checks
+  (model name, context window, tokenizer) when its health probe first finds it up, and stays
+  out of routing with one logged error when it fails them. When no replica answers at start,
+  ``UpstreamError`` names each one's cause.
 - URLs are ``http(s)://host[:port]`` base URLs, one per replica (``remote_stream.check_url``).
 - Isolation (``EngineConfig.isolation``): ``cache_salt`` is ``IsolationPolicy.salt``, the
   session key in ``session`` scope (sessions never share KV on a server, as in the embedded
@@ -89,6 +91,9 @@ class RemoteEngine(BaseEngine):
         # the connect, so a request whose replica goes silent can be hung up on (remote_stream)
         self._streams = httpx.Client(timeout=timeout,
                                      limits=httpx.Limits(max_keepalive_connections=0))
+        self.served_model: str | None = None
+        self._unchecked: set[str] = set()  # down at start: checked when it first comes up
+        self._refused: set[str] = set()  # failed that check (its error is logged once)
         self.router = Router(urls, pins, sticky=sticky, probe=self._probe,
                              interval_s=health_interval_s, policy=policy)
         try:
@@ -106,9 +111,39 @@ class RemoteEngine(BaseEngine):
     # -- replicas -------------------------------------------------------------------------------
     def _probe(self, url: str) -> bool:
         try:
-            return self._client.get(f"{url}/health", timeout=2.0).status_code == 200
+            up = self._client.get(f"{url}/health", timeout=2.0).status_code == 200
         except httpx.HTTPError:
             return False
+        return up and self._admit(url)
+
+    def _admit(self, url: str) -> bool:
+        """Whether a replica that answers its health probe may take requests: one that was
+        down at start must first pass the start-up checks (same model, a context window no
+        smaller than ours, same tokenizer); until then, or when it fails them, it stays down."""
+        if url not in self._unchecked:
+            return True
+        if self.served_model is None:  # start-up is still discovering the others
+            return False
+        try:
+            card = _model_card(self._client, url)
+            if str(card["id"]) != self.served_model:
+                raise ConfigError(f"replica {url} serves {card['id']!r}, not "
+                                  f"{self.served_model!r} as the other replicas")
+            window = int(card.get("max_model_len") or self.max_model_len)
+            if window < self.max_model_len:
+                raise ConfigError(f"replica {url} has a context window of {window} tokens, "
+                                  f"under the engine's {self.max_model_len}")
+            self._check_tokenizer(url)
+        except ReplicaFailed:  # not ready yet: the next probe tries again
+            return False
+        except (ConfigError, ValueError, TypeError) as e:
+            if url not in self._refused:
+                self._refused.add(url)
+                log.error("replica %s stays out of routing: %s", url, one_line(e))
+            return False
+        self._unchecked.discard(url)
+        log.info("replica %s is up and passed the start-up checks", url)
+        return True
 
     def _discover(self, wanted_len: int) -> tuple[int, str]:
         """The served model's name and the smallest context window among reachable replicas;
@@ -120,6 +155,7 @@ class RemoteEngine(BaseEngine):
             except ReplicaFailed as e:
                 causes[url] = str(e)
                 log.warning("replica %s is not answering /v1/models (%s); marked down", url, e)
+                self._unchecked.add(url)
                 self.router.mark_down(url, announce=False)  # it has no sessions to move yet
                 continue
             names.append(str(card["id"]))

@@ -220,7 +220,7 @@ class FakeReplica:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.reply: list[int] = tokenizer.encode(REPLY_TEXT, add_special_tokens=False)
-        self.mode, self.healthy = "ok", True
+        self.mode, self.healthy, self.model_id = "ok", True, SERVED
         self.tokenize_status, self.tokenize_shift = 200, 0
         self.bodies: list[dict[str, Any]] = []
         self.disconnected, self.release = threading.Event(), threading.Event()
@@ -262,7 +262,8 @@ def _handler(fake: FakeReplica) -> type[BaseHTTPRequestHandler]:
             if self.path == "/health":
                 self.answer(200 if fake.healthy else 503, {})
             elif self.path == "/v1/models":
-                self.answer(200, {"data": [{"id": SERVED, "max_model_len": 2048}]})
+                self.answer(200 if fake.healthy else 503,
+                            {"data": [{"id": fake.model_id, "max_model_len": 2048}]})
             else:
                 self.answer(404, {"detail": "Not Found"})
 
@@ -442,6 +443,37 @@ def test_start_checks_the_replicas_tokenizer(fakes, caplog) -> None:  # type: ig
     engine.close()
     warned = [r.getMessage() for r in caplog.records if "/tokenize" in r.getMessage()]
     assert len(warned) == 1 and b.url in warned[0]
+
+
+@pytest.mark.parametrize("wrong", ["tokenizer", "model"])
+def test_a_replica_down_at_start_is_checked_when_it_comes_up(fakes, caplog, wrong: str) -> None:  # type: ignore[no-untyped-def]
+    """A replica down at start missed the start-up checks: the health probe that finds it up
+    runs them first, and one serving another model stays out of routing (it took requests
+    unchecked, and its token ids were another vocabulary's)."""
+    a, b = fakes
+    b.healthy = False
+    engine = _engine(fakes)
+    try:
+        assert engine.router.healthy() == [a.url]
+        b.healthy = True
+        if wrong == "tokenizer":
+            b.tokenize_shift = 1
+        else:
+            b.model_id = "another-model"
+        with caplog.at_level(logging.ERROR, logger="suffixmem.engine.remote"):
+            engine.router.check_now()
+            engine.router.check_now()
+        assert engine.router.healthy() == [a.url]
+        refused = [r.getMessage() for r in caplog.records if "stays out" in r.getMessage()]
+        assert len(refused) == 1 and b.url in refused[0]  # logged once, not every probe
+        assert ("tokenizer differs" if wrong == "tokenizer" else "'another-model'") in refused[0]
+        b.tokenize_shift, b.model_id = 0, SERVED  # restarted with the right model
+        engine.router.check_now()
+        assert engine.router.healthy() == [a.url, b.url]
+        result = engine.generate(_request(_on(b, fakes), b))
+        assert list(result.token_ids) == b.reply and b.bodies
+    finally:
+        engine.close()
 
 
 def test_start_names_each_replicas_cause(fakes, caplog) -> None:  # type: ignore[no-untyped-def]
