@@ -18,7 +18,6 @@ Nothing here is a cache of conversation state: generated token ids live in SQL o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from dataclasses import asdict, fields, is_dataclass
@@ -164,9 +163,10 @@ def get_manager(
 
 def delete_session_on(database_url: str, session_id: str) -> None:
     """Delete ``session_id`` from the database at ``database_url``: through this process's
-    managers on that database, which also drop its cached KV and their own state of it, else
-    from SQL alone. A session that does not exist (or an id no session can have) is no
-    error: there is nothing to forget."""
+    managers on that database, each of which also drops its engine's KV and its own state of
+    the session (also when the rows were deleted already), else from SQL alone. A session
+    that does not exist (or an id no session can have) is no error: there is nothing to
+    forget."""
     from suffixmem.conversation.store import Store
     from suffixmem.errors import InvalidRequestError, UnknownSessionError
 
@@ -180,8 +180,10 @@ def delete_session_on(database_url: str, session_id: str) -> None:
             finally:
                 store.close()
         for manager in managers:  # each has its engine's KV of the session to drop
-            with contextlib.suppress(UnknownSessionError):
+            try:
                 manager.delete_session(session_id)
+            except UnknownSessionError:  # the rows went already (another manager, a process)
+                manager.forget_session(session_id)
     except (UnknownSessionError, InvalidRequestError):
         pass
 

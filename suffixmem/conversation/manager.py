@@ -146,9 +146,23 @@ class ConversationManager(TurnPath):
             return SessionInfo.from_record(self.store.fork_session(session_id, new_id))
 
     def delete_session(self, session_id: str) -> None:
+        """Delete the session's rows (``UnknownSessionError`` when there are none), then what
+        this manager holds of it, as ``forget_session``."""
         with self._locks.hold(check_session_id(session_id), "delete_session"):
             self.store.delete_session(session_id)
             self._forget(session_id)
+        self._drop_kv(session_id)
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop what this manager holds of a session whose rows are gone (deleted through
+        another manager or process): its topic state, its cached segments and its KV, KV tier
+        included, so a session re-created under that id starts cold. Nothing to drop is no
+        error; a session that still exists only loses its cache (its next turn is cold)."""
+        with self._locks.hold(check_session_id(session_id), "forget_session"):
+            self._forget(session_id)
+        self._drop_kv(session_id)
+
+    def _drop_kv(self, session_id: str) -> None:
         self._release(session_id)
         try:  # the history is gone; KV files left behind would only waste the tier's budget
             self.engine.delete_session_kv(session_id)

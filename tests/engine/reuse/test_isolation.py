@@ -144,3 +144,34 @@ def test_a_managers_sessions_share_the_public_system_prompt(public_engine, tmp_p
     assert first.cached_tokens == 0
     assert other.cached_tokens == public
     assert again.cached_tokens == public and again.text == first.text
+
+
+@pytest.mark.slow
+def test_deleting_an_already_deleted_session_still_drops_its_kv(public_engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``runtime.delete_session_on`` (LangGraph's ``delete_thread``) on a session whose rows
+    another process deleted: the manager of this process still drops its KV, so the id
+    re-created finds the public system prompt only (it found its whole history before: the
+    manager's delete stopped at the missing rows)."""
+    from suffixmem import runtime
+    from suffixmem.conversation.manager import ManagerConfig
+    from suffixmem.conversation.store import Store
+
+    eng = public_engine
+    eng.reset_prefix_cache()
+    bs = eng.block_size
+    public = len(eng.render([Message("system", SYSTEM)], False)) // bs * bs
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    mgr = runtime.get_manager(eng, database_url=url,
+                              config=ManagerConfig(system_prompt=SYSTEM, detect_topics=False))
+    try:
+        ask = {"temperature": 0.0, "max_tokens": 4, "create": True}
+        first = mgr.chat("alice", "Do you sell hammers?", **ask)
+        mgr.flush()  # the turn is written behind
+        store = Store(url)  # another process deletes the rows
+        store.delete_session("alice")
+        store.close()
+        runtime.delete_session_on(url, "alice")
+        again = mgr.chat("alice", "Do you sell hammers?", **ask)
+    finally:
+        runtime.unregister_engine(eng)
+    assert again.cached_tokens == public and again.text == first.text
