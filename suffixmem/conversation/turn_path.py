@@ -121,6 +121,9 @@ class TurnPath:
                 # another turn of this manager landed meanwhile, or, on a database shared by
                 # several processes, may have: plan again from what is stored now
                 plan = self._plan(respec())
+                # which may find the turn stateless now (one user message, sent to a session
+                # that got a history meanwhile): then it stores nothing
+                sid = plan.spec.session_id
             topic = self._topic_job(plan)
             # the caller fixed the temperature: the verdict does not affect generation
             alongside = "temperature" in plan.spec.sampling

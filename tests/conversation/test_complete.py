@@ -127,6 +127,22 @@ def test_one_message_alone_leaves_the_session_as_it_is(
     assert "PINEAPPLE" in engine.detokenize(engine.prompt_ids(engine.requests[-1]))
 
 
+def test_a_first_message_planned_before_another_landed_stores_nothing(
+        manager: ConversationManager) -> None:
+    """Two first messages to one new session, both planned before either ran (a LangChain
+    ``batch`` with one session): the second, planned again under the session's lock, is one
+    message to a session with history now, so it is answered statelessly and stores nothing
+    (it stored its reply, without its question, as a second assistant message in a row)."""
+    from suffixmem.conversation.turns import last_event
+
+    first = manager.stream_complete("pair", [Message("user", "Name a colour.")], **SAMPLING)
+    second = manager.stream_complete("pair", [Message("user", "Name a fruit.")], **SAMPLING)
+    assert last_event(first).history == "new"
+    stored = manager.history("pair")
+    assert last_event(second).history == "stateless"
+    assert manager.history("pair") == stored and [m.role for m in stored] == ["user", "assistant"]
+
+
 def test_rewritten_stateless_and_schema(manager: ConversationManager, engine: Recorder) -> None:
     sid = "rw"
     t1 = manager.complete(sid, [Message("user", "Name a fruit.")], max_tokens=6, seed=0)
