@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -11,6 +12,7 @@ from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from suffixmem import runtime
+from suffixmem.chat_template import ChatTemplate
 from suffixmem.config import DEFAULT_MODEL
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig
 from suffixmem.conversation.validation import check_settings, one_line_settings
@@ -148,6 +150,39 @@ class SuffixMemParams(BaseModel):
         """Whether the engine can constrain output to a JSON schema (``with_structured_output``)."""
         return runtime.supports_json_schema(self.engine)
 
+    def call_timeout(self, kwargs: dict[str, Any]) -> float | None:
+        """The call's ``timeout`` keyword argument, else the instance's (seconds, > 0)."""
+        timeout = kwargs.get("timeout", self.timeout)
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, int | float) or timeout <= 0):
+            raise InvalidRequestError(f"timeout must be > 0 seconds, got {timeout!r}")
+        return timeout
+
+    def _cache_params(self) -> dict[str, Any]:
+        """Every instance field that changes a reply: LangChain's response cache keys on
+        ``_identifying_params``, and two instances that differ in one of these must not share
+        an entry (as two differently set ``ChatOpenAI`` do not)."""
+        engine = self.engine if isinstance(self.engine, str) else str(self.engine.name)
+        fields = ("model", "engine_options", "database_url", "session_id", "temperature",
+                  "max_tokens", "top_p", "top_k", "seed", "stop", "frequency_penalty",
+                  "presence_penalty", "show_schema")
+        return {"engine": engine, "manager_config": repr(self.manager_config),
+                **{f: getattr(self, f) for f in fields}}
+
+    def _template(self) -> ChatTemplate:
+        """The model's tokenizer and chat template: the engine's once it runs, else loaded
+        from the local model folder (no engine starts; nothing is downloaded)."""
+        engine = self._manager.engine if self._manager is not None else self.engine
+        template = getattr(engine, "template", None)
+        return template if isinstance(template, ChatTemplate) else model_template(self.model)
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Ids of ``text`` under the model's own tokenizer (LangChain's default is GPT-2's,
+        fetched from a model hub)."""
+        if self.custom_get_token_ids is not None:  # type: ignore[attr-defined]
+            return list(self.custom_get_token_ids(text))  # type: ignore[attr-defined]
+        return list(self._template().piece_ids(text))
+
     def _call_args(
         self, stop: list[str] | None, kwargs: dict[str, Any]
     ) -> tuple[str | None, dict[str, Any]]:
@@ -161,12 +196,15 @@ class SuffixMemParams(BaseModel):
         kwargs.pop("model", None)  # the call's engine: ``_call_manager``
         kwargs.pop("stream", None)  # LangChain's own streaming switch
         kwargs.pop("stream_usage", None)  # ChatOpenAI's; usage is always on the last chunk
+        kwargs.pop("timeout", None)  # the call's deadline: ``call_timeout``
         unknown = sorted(set(kwargs) - SAMPLING_KWARGS)
         if unknown:
             raise InvalidRequestError(
                 f"unsupported keyword argument(s) {unknown}; accepted: "
-                f"{sorted(SAMPLING_KWARGS | {'session_id', 'model'})}"
+                f"{sorted(SAMPLING_KWARGS | {'session_id', 'model', 'timeout'})}"
             )
+        if isinstance(stop, str):  # one stop sequence, as OpenAI's API takes it
+            stop = [stop]
         values = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
             "max_tokens": self.max_tokens, "seed": self.seed,
@@ -177,6 +215,16 @@ class SuffixMemParams(BaseModel):
         }
         # None means "the default": leave it out so the manager decides
         return session_id, {k: v for k, v in values.items() if v is not None}
+
+
+@functools.cache
+def model_template(model: str) -> ChatTemplate:
+    """``model``'s chat template, from its local folder (``suffixmem.models.resolve_model``)."""
+    from transformers import AutoTokenizer
+
+    from suffixmem.models import resolve_model
+
+    return ChatTemplate(AutoTokenizer.from_pretrained(str(resolve_model(model))))
 
 
 def with_deadline(events: Iterator[Any], timeout: float | None) -> Iterator[Any]:

@@ -125,7 +125,16 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model": self.model, "engine": self._engine_name()}
+        return self._cache_params()
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage],
+                                     tools: Sequence[Any] | None = None) -> int:
+        """Tokens of ``messages`` as the model reads them: under its chat template, with its
+        own tokenizer (what ``trim_messages(token_counter=model)`` calls). ``tools`` are not
+        counted, as in LangChain's default."""
+        if not messages:
+            return 0
+        return len(self._template().render(readable(to_suffixmem(messages)), False))
 
     def _engine_name(self) -> str:
         return self.engine if isinstance(self.engine, str) else str(self.engine.name)
@@ -200,6 +209,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         tools, schema, kwargs = self._tool_args(kwargs)
+        timeout = self.call_timeout(kwargs)
         session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
         manager, model = self._call_manager(kwargs)
         show = self._show_schema(sampling)  # structured output only: tools are in the system
@@ -209,7 +219,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             session_id, with_tools_prompt(readable(to_suffixmem(messages)), tools),
             show_schema=show, **sampling)
         answer = None if schema is None else AnswerStream()
-        for event in with_deadline(events, self.timeout):
+        for event in with_deadline(events, timeout):
             if isinstance(event, TokenEvent):
                 chunk = self._piece(event, answer)
             else:
@@ -228,6 +238,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         tools, schema, kwargs = self._tool_args(kwargs)
+        timeout = self.call_timeout(kwargs)
         session_id, sampling = self._call_args(stop, kwargs)  # checked before any engine starts
         manager, model = self._call_manager(kwargs)
         show = self._show_schema(sampling)
@@ -237,7 +248,7 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             session_id, with_tools_prompt(readable(to_suffixmem(messages)), tools),
             show_schema=show, **sampling)
         answer = None if schema is None else AnswerStream()
-        async for event in awith_deadline(events, self.timeout):
+        async for event in awith_deadline(events, timeout):
             if isinstance(event, TokenEvent):
                 chunk = self._piece(event, answer)
             else:

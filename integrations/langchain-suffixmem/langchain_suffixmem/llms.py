@@ -69,7 +69,7 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model": self.model, "chat_template": self.chat_template}
+        return {**self._cache_params(), "chat_template": self.chat_template}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         params = super()._get_ls_params(stop=stop, **kwargs)
@@ -112,8 +112,9 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
+        timeout = self.call_timeout(kwargs)
         events, model = self._events(prompt, stop, kwargs)
-        for event in with_deadline(events, self.timeout):
+        for event in with_deadline(events, timeout):
             if isinstance(event, TokenEvent) and not event.text:
                 continue
             chunk = self._chunk(event, model)
@@ -128,8 +129,9 @@ class SuffixMemLLM(SessionConfigMixin, SuffixMemParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
+        timeout = self.call_timeout(kwargs)
         events, model = self._aevents(prompt, stop, kwargs)
-        async for event in awith_deadline(events, self.timeout):
+        async for event in awith_deadline(events, timeout):
             if isinstance(event, TokenEvent) and not event.text:
                 continue
             chunk = self._chunk(event, model)

@@ -321,6 +321,67 @@ def test_timeout_aborts_between_tokens(chat: SuffixMemChatModel) -> None:
     slow = chat.model_copy(update={"timeout": 1e-4})
     with pytest.raises(TimeoutError, match="aborted"):
         slow.invoke("Tell me a long story.", max_tokens=64)
+    # per call too, as documented (it was refused as an unknown argument)
+    with pytest.raises(TimeoutError, match="aborted"):
+        chat.invoke("Tell me a long story.", max_tokens=64, timeout=1e-4)
+    with pytest.raises(InvalidRequestError, match="timeout must be > 0"):
+        chat.invoke("Hi", timeout=0)
+    assert chat.invoke("Hi", max_tokens=4, timeout=600).content
+
+
+def test_a_stop_string_is_one_stop_sequence(chat: SuffixMemChatModel) -> None:
+    """``stop="2,"`` stops at "2," as OpenAI's API reads it (it stopped at "2" or ",")."""
+    count = "Count from 1 to 10, separated by commas."
+    full = str(chat.invoke(count, max_tokens=24).content)
+    assert "2," in full
+    assert chat.invoke(count, max_tokens=24, stop="2,").content == full[:full.index("2,")]
+    assert chat.invoke(count, max_tokens=24, stop=["2,"]).content == full[:full.index("2,")]
+
+
+def test_token_counts_use_the_models_tokenizer(chat: SuffixMemChatModel,
+                                               shared_engine: Any) -> None:
+    """``get_num_tokens`` and ``get_num_tokens_from_messages`` count with the model's own
+    tokenizer and chat template (LangChain's default fetched GPT-2's from a model hub, and
+    gave 0 offline), so ``trim_messages(token_counter=model)`` trims."""
+    from langchain_core.messages import trim_messages
+
+    text = "Grüße aus Köln, 東京タワー"
+    assert chat.get_token_ids(text) == shared_engine.tokenize(text)
+    assert chat.get_num_tokens(text) == len(shared_engine.tokenize(text))
+    msgs = [SystemMessage("Be terse."), HumanMessage("Hi"), AIMessage("Hello!")]
+    assert chat.get_num_tokens_from_messages(msgs) == len(shared_engine.render(
+        [Message("system", "Be terse."), Message("user", "Hi"), Message("assistant", "Hello!")],
+        False))
+    fresh = SuffixMemChatModel(**MODEL_PARAMS)  # no engine started: the local folder's
+    assert fresh.get_token_ids(text) == shared_engine.tokenize(text)
+    assert SuffixMemLLM(**MODEL_PARAMS).get_num_tokens(text) == len(shared_engine.tokenize(text))
+    long = [SystemMessage("Be terse.")] + [
+        HumanMessage(f"question {i}") if i % 2 == 0 else AIMessage(f"answer {i}")
+        for i in range(40)]
+    kept = trim_messages(long, max_tokens=100, token_counter=chat, strategy="last",
+                         include_system=True)
+    assert 1 < len(kept) < len(long) and chat.get_num_tokens_from_messages(kept) <= 100
+
+
+def test_the_response_cache_keys_on_the_instances_settings(chat: SuffixMemChatModel) -> None:
+    """LangChain's response cache keys on ``_identifying_params``: two instances that differ
+    in a setting that changes the reply never share an entry (a ``max_tokens=2`` model got
+    another's 8-token reply, and a model with its own session a stateless cached one)."""
+    from langchain_core.caches import InMemoryCache
+    from langchain_core.globals import set_llm_cache
+
+    set_llm_cache(InMemoryCache())
+    try:
+        long = chat.model_copy(update={"max_tokens": 8})
+        short = chat.model_copy(update={"max_tokens": 2})
+        first = long.invoke("Count from 1 to 20.")
+        assert long.invoke("Count from 1 to 20.").content == first.content  # a cache hit
+        assert short.invoke("Count from 1 to 20.").usage_metadata["output_tokens"] <= 2
+        own = chat.model_copy(update={"max_tokens": 8, "session_id": "cache-own"})
+        own.invoke("Count from 1 to 20.")
+        assert [m.role for m in own.get_manager().history("cache-own")] == ["user", "assistant"]
+    finally:
+        set_llm_cache(None)
 
 
 def test_resent_replies_render_to_their_generated_ids(
