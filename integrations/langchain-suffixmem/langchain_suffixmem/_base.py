@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig, ensure_config
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_serializer
 
 from suffixmem import runtime
 from suffixmem.chat_template import ChatTemplate
@@ -56,7 +56,7 @@ class SuffixMemParams(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
 
-    engine: Any = Field(default="vllm", exclude=True)
+    engine: Any = "vllm"
     model: str = DEFAULT_MODEL
     engine_options: dict[str, Any] = Field(default_factory=dict)
     database_url: str | None = None
@@ -83,13 +83,38 @@ class SuffixMemParams(BaseModel):
     """Show the model the JSON schema of structured output (a system message after the
     conversation, not stored) besides constraining decoding to it."""
 
+    max_retries: int | None = None
+    """Accepted as ``ChatOpenAI`` takes it, and unused: a local engine makes no network call
+    to retry (a remote one fails over between replicas itself)."""
+    api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
+    """Accepted as ``ChatOpenAI`` takes it, and unused: a local engine needs no key."""
+
     _manager: ConversationManager | None = PrivateAttr(default=None)
+
+    def __getstate__(self) -> dict[Any, Any]:
+        # the manager is process-wide (runtime.get_manager rebuilds it on first use); its
+        # worker threads and queues cannot be pickled
+        state = super().__getstate__()
+        private = dict(state.get("__pydantic_private__") or {})
+        private["_manager"] = None
+        return {**state, "__pydantic_private__": private}
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Any:
+        memo = {} if memo is None else memo
+        for shared in (self.engine, self._manager):  # process-wide: a copy shares them
+            if shared is not None and not isinstance(shared, str):
+                memo[id(shared)] = shared
+        return super().__deepcopy__(memo)
+
+    @field_serializer("engine", when_used="json")
+    def _engine_json(self, engine: Any) -> str:
+        # an engine instance stays itself in ``model_dump()`` (a copy shares it); JSON names it
+        return engine if isinstance(engine, str) else str(engine.name)
 
     def __init__(self, **data: Any) -> None:
         # LangChain's standard chat-model settings (``langchain_tests``' params, ChatOpenAI's):
         # a local engine needs no key and makes no network call to retry
-        check_settings(type(self).__name__, data, type(self),
-                       accepted=("api_key", "max_retries", "base_url"))
+        check_settings(type(self).__name__, data, type(self), accepted=("base_url",))
         with one_line_settings(type(self).__name__):
             super().__init__(**data)
         # checked here, not in a pydantic validator, which would wrap the library's one-line

@@ -539,3 +539,25 @@ def test_disable_streaming_sends_no_token_events(chat: SuffixMemChatModel) -> No
     assert len([e for e in streamed if e["data"]["chunk"].content]) >= 2
     whole = quiet.invoke("Name a fruit.", max_tokens=8)
     assert whole.content and whole.usage_metadata["input_tokens"] > 0
+
+
+def test_settings_round_trip_and_a_used_model_copies(chat: SuffixMemChatModel) -> None:
+    """``model_dump`` keeps the engine (a rebuilt model switched to vLLM), ``ChatOpenAI``'s
+    ``max_retries`` and ``api_key`` read back, and a model that has answered still pickles and
+    deep-copies (its process-wide manager is shared, not copied)."""
+    import copy
+    import pickle
+
+    torch_model = SuffixMemChatModel(engine="torch", max_retries=3, api_key="sk-secret")
+    assert SuffixMemChatModel(**torch_model.model_dump()).engine == "torch"
+    assert torch_model.max_retries == 3 and "sk-secret" not in repr(torch_model)
+    assert torch_model.api_key.get_secret_value() == "sk-secret"
+    assert '"engine":"torch"' in torch_model.model_dump_json()
+    first = chat.invoke("Hi", max_tokens=4, session_id="copied")
+    twin = copy.deepcopy(chat)
+    assert twin.get_manager() is chat.get_manager()
+    thawed = pickle.loads(pickle.dumps(chat))
+    assert thawed.get_manager() is chat.get_manager()  # rebuilt: the process-wide manager
+    again = thawed.invoke([("human", "Hi"), ("ai", first.content), ("human", "Thanks")],
+                          max_tokens=4, session_id="copied")
+    assert again.response_metadata["history"] == "appended"
