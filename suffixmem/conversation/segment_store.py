@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, exists, func, insert, select, update
+from sqlalchemy import bindparam, delete, exists, func, insert, select, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
@@ -157,6 +157,23 @@ class SegmentQueries:
                 )
                 for r in s.scalars(q)
             ]
+
+
+def delete_segment_log(s: Session, session_id: str) -> None:
+    """Delete a deleted session's sightings, and the shared (``*``) segments no other
+    session's sighting still names (the log kept both for every session ever deleted); in the
+    caller's transaction."""
+    hashes = sorted(set(s.scalars(select(SegmentEventRow.hash).where(
+        SegmentEventRow.session_id == session_id).distinct())))
+    s.execute(delete(SegmentEventRow).where(SegmentEventRow.session_id == session_id))
+    for i in range(0, len(hashes), 500):  # bounds the statement's parameters (SQLite's limit)
+        chunk = hashes[i:i + 500]
+        named = set(s.scalars(select(SegmentEventRow.hash).where(
+            SegmentEventRow.hash.in_(chunk)).distinct()))
+        orphans = [h for h in chunk if h not in named]
+        if orphans:
+            s.execute(delete(SegmentRow).where(SegmentRow.scope == "*",
+                                               SegmentRow.hash.in_(orphans)))
 
 
 def _segment_record(r: Any) -> SegmentRecord:

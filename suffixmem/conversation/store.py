@@ -57,7 +57,7 @@ from suffixmem.conversation.records import (
     aware,
 )
 from suffixmem.conversation.schema import MessageRow, SegmentRow, SessionRow, TurnEventRow, utcnow
-from suffixmem.conversation.segment_store import SegmentQueries, SegmentSQL
+from suffixmem.conversation.segment_store import SegmentQueries, SegmentSQL, delete_segment_log
 from suffixmem.conversation.turn_store import TurnQueries, TurnSQL
 from suffixmem.conversation.validation import check_session_id, check_text
 from suffixmem.conversation.write_behind import PendingCommits
@@ -305,6 +305,7 @@ class Store(TurnQueries, SegmentQueries):
             s.execute(delete(MessageRow).where(MessageRow.session_id == sid))
             s.execute(delete(TurnEventRow).where(TurnEventRow.session_id == sid))
             s.execute(delete(SegmentRow).where(SegmentRow.scope == sid))
+            delete_segment_log(s, sid)
             s.execute(delete(SessionRow).where(SessionRow.id == sid))
 
     # -- messages -------------------------------------------------------------------------------

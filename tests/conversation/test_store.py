@@ -257,6 +257,16 @@ def test_segments_bookkeeping(db_url: str) -> None:
     assert st.release_segments("a") == 1
     st.delete_session("a")
     assert st.segment("h2", "a") is None and st.segment("h1", "*") is not None
+    # a deleted session's sightings go with it (they named it and outlived it), and a shared
+    # segment goes once no remaining session's sighting names it
+    st.record_segments("b", [SegmentSighting("h3", "*", "system_tail", 20, {})])
+    assert {e.session_id for e in st.segment_events()} == {"b"}
+    st.open_session("c")
+    st.record_segments("c", [SegmentSighting("h3", "*", "system_tail", 20, {})])
+    st.delete_session("b")
+    assert st.segment("h1", "*") is None and st.segment("h3", "*") is not None
+    st.delete_session("c")
+    assert st.segment_events() == [] and st.segment("h3", "*") is None
     st.close()
 
 
