@@ -63,6 +63,7 @@ from suffixmem.conversation.turns import (
     schema_instruction,
 )
 from suffixmem.conversation.validation import check_sampling, check_session_id, check_text
+from suffixmem.conversation.versions import Versions
 from suffixmem.engine.async_stream import aiter_events
 from suffixmem.engine.protocol import Engine, Message, Request, Result, SamplingParams, TokenEvent
 from suffixmem.errors import InvalidRequestError, UnknownSessionError
@@ -109,7 +110,7 @@ class ConversationManager(TurnPath):
         # across processes: PostgreSQL, and SQLite files written by several ("sync")
         self._shared = SharedTurnLock(self.store, processes=self.config.durability == "sync")
         # session -> writes by this manager; a turn re-reads its state only if it moved
-        self._versions: dict[str, int] = {}
+        self._versions = Versions()
         self._anon = AnonKeys()  # stateless calls' keys, across the caller's window
         self._topic_updates: dict[str, Job] = {}
         self._background = Background()
@@ -206,7 +207,7 @@ class ConversationManager(TurnPath):
         scheme = self.temperature.with_range(hot, cold)  # InvalidRequestError names the field
         with self._locks.hold(check_session_id(session_id), "set_temperature_range"):
             rec = self.store.set_temperature_range(session_id, hot, cold, scheme.clamp)
-            self._versions[session_id] = self._versions.get(session_id, 0) + 1
+            self._versions.bump(session_id)
         return SessionInfo.from_record(rec)
 
     def clear_history(self, session_id: str) -> None:
@@ -238,7 +239,7 @@ class ConversationManager(TurnPath):
         params = check_sampling(sampling)
 
         def spec() -> TurnSpec:
-            version = self._versions.get(sid, 0)
+            version = self._versions.get(sid)
             state = self.store.turn_state(sid)
             if state is None and not create:
                 raise UnknownSessionError(sid)
@@ -286,7 +287,7 @@ class ConversationManager(TurnPath):
             raise InvalidRequestError("show_schema needs a json_schema (a dict)")
 
         def spec() -> TurnSpec:
-            version = self._versions.get(sid, 0) if sid is not None else 0
+            version = self._versions.get(sid) if sid is not None else 0
             state = self.store.turn_state(sid) if sid is not None else None
             rec, stored = state if state is not None else (None, None)
             r = reconcile(msgs, None if stored is None else [m.to_message() for m in stored],

@@ -35,11 +35,14 @@ from suffixmem.conversation.turns import (
     turn_messages,
     turn_result,
 )
+from suffixmem.conversation.versions import Versions
 from suffixmem.engine.protocol import Engine, Result, TokenEvent
 from suffixmem.retention import RetentionPolicy
 from suffixmem.tokens import TokenCounter
 
 log = logging.getLogger("suffixmem.conversation.manager")
+# finished topic updates are dropped once the map holds this many (``_bookkeep``)
+TOPIC_UPDATES_PRUNE_AT = 2048
 
 
 class TurnPath:
@@ -54,7 +57,7 @@ class TurnPath:
     rag_reuse: bool  # ManagerConfig.rag_reuse, resolved against the engine
     _locks: SessionLocks
     _shared: SharedTurnLock
-    _versions: dict[str, int]
+    _versions: Versions
     _background: Background
     # session -> its last turn's topic update (a Job): the next verdict runs it first
     _topic_updates: dict[str, Job]
@@ -117,7 +120,7 @@ class TurnPath:
                   else no_lock())
         with lock, shared:
             if sid is not None and (self._shared.shared
-                                    or self._versions.get(sid, 0) != plan.spec.version):
+                                    or self._versions.get(sid) != plan.spec.version):
                 # another turn of this manager landed meanwhile, or, on a database shared by
                 # several processes, may have: plan again from what is stored now
                 plan = self._plan(respec())
@@ -173,7 +176,7 @@ class TurnPath:
                     self.store.commit_turn(sid, messages, event, **state)
                 else:  # stored by the worker; this process's next read of sid waits for it
                     self._background.put(self.store.commit_later(sid, messages, event, **state))
-                self._versions[sid] = self._versions.get(sid, 0) + 1
+                self._versions.bump(sid)
                 self._bookkeep(sid, plan, result, text)
             overhead = (engine_start - plan.spec.started) + (time.perf_counter() - done)
             turn = turn_result(plan, result, text, overhead)
@@ -198,6 +201,11 @@ class TurnPath:
             bg.submit(lambda: self._record_segments(sid, plan, result), "segment log")
         update = bg.submit(lambda: self._update_topic(plan, text), "topic update")
         self._topic_updates[sid] = update
+        if len(self._topic_updates) > TOPIC_UPDATES_PRUNE_AT:
+            # a finished update need not be waited for: keep only those still queued, so
+            # the map does not hold one per session ever served
+            for key in [k for k, job in list(self._topic_updates.items()) if job.done]:
+                self._topic_updates.pop(key, None)
 
     def _record_segments(self, sid: str, plan: Plan, result: Result) -> None:
         try:
@@ -229,4 +237,4 @@ class TurnPath:
         if update is not None:
             update.run()  # a queued update must not land on the state rebuilt from now on
         self.topics.forget(session_id)
-        self._versions[session_id] = self._versions.get(session_id, 0) + 1
+        self._versions.bump(session_id)

@@ -437,3 +437,20 @@ def test_a_system_prompt_that_fills_the_window_is_refused_at_open(
         manager.open_session("too-long", system_prompt="rule " * window)
     with pytest.raises(UnknownSessionError):
         manager.get_session("too-long")
+
+
+def test_per_session_state_stays_bounded(manager: ConversationManager,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-running manager keeps no finished topic update per session ever served (one
+    each, for good, before), and a deleted session's change stamp no longer pins an entry."""
+    from suffixmem.conversation import turn_path
+
+    monkeypatch.setattr(turn_path, "TOPIC_UPDATES_PRUNE_AT", 2)
+    for i in range(4):
+        manager.chat(f"bounded-{i}", "Hello there.", create=True, max_tokens=2)
+        manager.flush()
+    assert len(manager._topic_updates) <= 3
+    manager._versions.capacity = 2
+    for i in range(4):
+        manager.delete_session(f"bounded-{i}")
+    assert len(manager._versions) == 2
