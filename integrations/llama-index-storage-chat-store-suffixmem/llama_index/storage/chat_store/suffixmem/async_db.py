@@ -94,8 +94,17 @@ class SuffixMemAsyncChatStore(AsyncDBChatStore):
 
     async def set_messages(self, key: str, messages: list[ChatMessage],
                            status: MessageStatus = MessageStatus.ACTIVE) -> None:
+        """Replace every message of ``key``, active and archived, by ``messages`` with
+        ``status``, as ``SQLAlchemyChatStore`` does (``Memory.set`` replaces the archive too)."""
         (target,) = self._keys(key, status)
-        await asyncio.to_thread(self._sync.set_messages, target, messages)
+
+        def run() -> None:
+            self._sync.set_messages(target, messages)  # first: a bad message changes nothing
+            for other in self._keys(key, None):
+                if other != target:
+                    self._sync.delete_messages(other)
+
+        await asyncio.to_thread(run)
 
     async def delete_message(self, key: str, idx: int) -> ChatMessage | None:
         return await asyncio.to_thread(self._sync.delete_message, key, idx)
