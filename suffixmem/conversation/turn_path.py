@@ -37,12 +37,41 @@ from suffixmem.conversation.turns import (
 )
 from suffixmem.conversation.versions import Versions
 from suffixmem.engine.protocol import Engine, Result, TokenEvent
+from suffixmem.errors import InvalidRequestError
 from suffixmem.retention import RetentionPolicy
 from suffixmem.tokens import TokenCounter
 
 log = logging.getLogger("suffixmem.conversation.manager")
 # finished topic updates are dropped once the map holds this many (``_bookkeep``)
 TOPIC_UPDATES_PRUNE_AT = 2048
+
+
+class TurnStream(Iterator[TokenEvent | TurnResult]):
+    """A turn's events. Closed by a later call of the same consumer on the session while it
+    was paused (``SessionLocks.park``: waiting would deadlock on the lock this stream holds),
+    the turn is not stored, and stepping the stream again raises ``InvalidRequestError``
+    rather than ending as if the reply were complete."""
+
+    __slots__ = ("__weakref__", "_gen", "_taken_over", "session_id")
+
+    def __init__(self, gen: Generator[TokenEvent | TurnResult, None, None],
+                 session_id: str | None) -> None:
+        self._gen, self.session_id, self._taken_over = gen, session_id, False
+
+    def __next__(self) -> TokenEvent | TurnResult:
+        if self._taken_over:
+            raise InvalidRequestError(
+                f"this stream of session {self.session_id!r} was closed unfinished, and its "
+                "turn not stored: the same caller made another call on the session while it "
+                "was paused (finish or close a stream before the next call on its session)")
+        return next(self._gen)
+
+    def take_over(self) -> None:
+        self._gen.close()  # raises if it is being stepped: then it is not taken over
+        self._taken_over = True
+
+    def close(self) -> None:
+        self._gen.close()
 
 
 class TurnPath:
@@ -99,18 +128,19 @@ class TurnPath:
     # -- the turn -------------------------------------------------------------------------------
     def _turn(self, plan: Plan, respec: Callable[[], TurnSpec]
               ) -> Iterator[TokenEvent | TurnResult]:
-        """The turn's event stream (``_run``), which can close itself: a later turn of the
-        same consumer closes it if it was left paused (``SessionLocks.park``). By a weak
-        reference: a cycle would keep an abandoned stream, and its lock, until the cyclic
-        garbage collector ran, where CPython now closes it as soon as nothing refers to it."""
+        """The turn's event stream (``_run``), which can close itself: a later call of the
+        same consumer on the session closes it if it was left paused (``SessionLocks.park``),
+        and stepping it after that raises (``TurnStream``). By a weak reference: a cycle would
+        keep an abandoned stream, and its lock, until the cyclic garbage collector ran, where
+        CPython now closes it as soon as nothing refers to it."""
         def close() -> None:
-            gen = ref()
-            if gen is not None:
-                gen.close()
+            stream = ref()
+            if stream is not None:
+                stream.take_over()
 
-        gen = self._run(plan, respec, close)
-        ref = weakref.ref(gen)
-        return gen
+        stream = TurnStream(self._run(plan, respec, close), plan.spec.session_id)
+        ref = weakref.ref(stream)
+        return stream
 
     def _run(self, plan: Plan, respec: Callable[[], TurnSpec], close: Callable[[], None]
              ) -> Generator[TokenEvent | TurnResult, None, None]:

@@ -173,8 +173,18 @@ def test_a_stream_left_paused_is_closed_by_its_consumers_next_turn(
     t = manager.chat("left", "Say one word.", **TINY)
     # the old code waited lock_timeout_s (3 s) and raised; a thread first waits 1 s for a step
     assert t.history == "appended" and time.monotonic() - t0 < 10
-    assert list(gen) == []  # closed: resumed, it ends
+    with pytest.raises(InvalidRequestError, match="closed unfinished"):
+        next(gen)  # closed: stepped again, it says so (it ended as if the reply were whole)
     assert [m.content for m in manager.history("left")] == ["Say one word.", t.text]
+    # a chat store's write from the same consumer takes the lock too
+    before = manager.history("left")
+    gen = manager.stream_chat("left", "Count from one to a hundred.", **long)
+    next(gen)
+    manager.append_messages("left", [Message("user", "a side note")])
+    with pytest.raises(InvalidRequestError, match="closed unfinished"):
+        next(gen)
+    assert manager.history("left")[-1].content == "a side note"
+    manager.append_messages("left", before, replace=True)
 
     async def run() -> TurnResult:
         agen = manager.astream_chat("left", "Count from one to a hundred.", **long)
@@ -195,6 +205,7 @@ def test_a_stream_stepped_from_another_thread_is_left_alone(
     """A thread pool steps one live stream from several threads (Starlette's
     ``iterate_in_threadpool``): a thread that stepped it last and starts another turn of the
     session must not close it while another thread goes on stepping it; it waits its turn."""
+    manager._locks.timeout_s = 60.0  # the other worker's 24 tokens: seconds on a loaded host
     manager.open_session("pool")
     gen = manager.stream_chat("pool", "Count from one to a hundred.", temperature=0.0,
                               max_tokens=24, ignore_eos=True)
