@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -207,6 +208,10 @@ class ChatService:
             raise invalid_value(f"{field} is not supported", field)
         if req.logit_bias:
             raise invalid_value("logit_bias is not supported", "logit_bias")
+        if req.stream_options is not None and not req.stream:
+            # as OpenAI and vLLM answer it: the options would be silently meaningless
+            raise invalid_value("stream_options is only allowed when stream is true",
+                                "stream_options")
         if req.audio is not None or any(m != "text" for m in req.modalities or ()):
             field = "audio" if req.audio is not None else "modalities"
             raise invalid_value(f"{field}: only text output is supported", field)
@@ -344,12 +349,13 @@ class ChatService:
                    release: Callable[[], Awaitable[None]],
                    tools: Tools | None = None) -> AsyncIterator[str]:
         cid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())  # one timestamp for every chunk of the stream, as OpenAI's
         usage = req.stream_options is not None and req.stream_options.include_usage
         # a reply that may be a call: its answer's text streams, a call is read whole
         answer = AnswerStream() if tools is not None and tools.schema is not None else None
 
         def chunk(**kw: Any) -> str:
-            c = ChatCompletionChunk(id=cid, model=self.model_name, **kw)
+            c = ChatCompletionChunk(id=cid, created=created, model=self.model_name, **kw)
             return f"data: {c.model_dump_json(exclude_none=True)}\n\n"
 
         try:

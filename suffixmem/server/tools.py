@@ -95,7 +95,7 @@ def message_text(i: int, m: ChatMessage, names: dict[str, str]) -> str:
                 raise invalid_value(f"messages[{i}].content[{j}]: only text parts are "
                                     "supported", f"messages[{i}].content")
             parts.append(p.text)
-        text = "".join(parts)
+        text = "\n".join(parts)  # as vLLM's server joins text parts
     if m.role == "tool":
         return render_result(text, m.name or names.get(m.tool_call_id or ""))
     if m.role != "assistant" or not m.tool_calls:

@@ -70,6 +70,7 @@ def test_streaming_new_message_only_with_usage(server: Server) -> None:
             stream_options={"include_usage": True})
         chunks = list(stream)
         assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        assert len({ch.created for ch in chunks}) == 1  # one timestamp per stream, as OpenAI
         content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         assert content
         assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
@@ -81,6 +82,26 @@ def test_streaming_new_message_only_with_usage(server: Server) -> None:
     assert [m["content"] for m in r["messages"] if m["role"] == "assistant"] == texts
     assert [t["cached_tokens"] for t in r["turns"]] == cached
     assert r["usage"]["turns"] == 3
+
+
+def test_text_parts_and_stream_options_as_vllm_reads_them(server: Server) -> None:
+    """Text parts of one message are joined by a newline, as vLLM's server joins them (they
+    ran together: "Name a" + "planet." read "Name aplanet."); ``stream_options`` without
+    ``stream`` is a 400, as OpenAI and vLLM answer it (it was silently meaningless)."""
+    c = client(server)
+    key = f"parts-{uuid.uuid4().hex[:8]}"
+    c.chat.completions.create(  # type: ignore[attr-defined]
+        model=server.model, max_tokens=2, temperature=0, prompt_cache_key=key,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Name a"},
+                                               {"type": "text", "text": "planet."}]}])
+    r = httpx.get(f"{server.url}/v1/sessions/{key}",
+                  headers={"Authorization": f"Bearer {KEY_A}"}).json()
+    assert r["messages"][0]["content"] == "Name a\nplanet."
+    with pytest.raises(openai.BadRequestError) as bad:
+        c.chat.completions.create(  # type: ignore[attr-defined]
+            model=server.model, max_tokens=2, messages=[{"role": "user", "content": "Hi"}],
+            stream_options={"include_usage": True})
+    assert bad.value.body["param"] == "stream_options"  # type: ignore[index]
 
 
 def test_async_client_and_stateless(server: Server) -> None:
