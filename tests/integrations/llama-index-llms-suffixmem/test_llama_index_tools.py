@@ -110,6 +110,11 @@ def test_structured_predict(engine_params: dict[str, Any], database_url: str) ->
     loaf = llm.structured_predict(
         Loaf, PromptTemplate("Describe a {kind} loaf and its flour in grams."), kind="rye")
     assert isinstance(loaf, Loaf)
+    # a call cut off by max_tokens says so (it said "the response has no tool call")
+    short = _llm(engine_params, database_url, max_tokens=6)
+    with pytest.raises(InvalidRequestError, match="cut off by max_tokens"):
+        short.structured_predict(
+            Loaf, PromptTemplate("Describe a {kind} loaf and its flour in grams."), kind="rye")
 
 
 def test_without_guided_decoding_tool_calls_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,7 +45,14 @@ def reply_message(text: str, extra: dict[str, Any]) -> ChatMessage:
 def tool_selections(response: ChatResponse, error_on_no_tool_call: bool) -> list[ToolSelection]:
     calls = response.message.additional_kwargs.get("tool_calls") or []
     if not calls and error_on_no_tool_call:
+        if response.additional_kwargs.get("finish_reason") == "length":
+            # the usual cause with a small max_tokens: a call cut off before its JSON closed
+            raise InvalidRequestError(
+                "the response has no complete tool call: it was cut off by max_tokens "
+                f"(it answered: {response.message.content!r}); raise max_tokens")
+        why = response.message.additional_kwargs.get("suffixmem_tool_error")
         raise InvalidRequestError(
-            f"the response has no tool call (it answered: {response.message.content!r})")
+            f"the response has no tool call{f' ({why})' if why else ''} "
+            f"(it answered: {response.message.content!r})")
     return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"])
             for c in calls]
