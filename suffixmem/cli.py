@@ -29,6 +29,7 @@ from suffixmem.cli_checks import (
     _check_engine,
     _check_engine_options,
     _check_isolation,
+    _check_kv_sizes,
     _check_port,
     _manager_config,
     _preflight,
@@ -246,6 +247,11 @@ def serve(
         "positions when a client rewrites the passages in its system prompt (torch engine; "
         "default: where the quality gate passed). See docs/segment-reuse.md."),
     kv_tier: bool = KV_TIER,
+    kv_tier_gib: float | None = typer.Option(
+        None, metavar="GIB", help="The disk tier's budget in GiB (default 4; needs --kv-tier)."),
+    kv_cache_gib: float | None = typer.Option(
+        None, metavar="GIB", help="The engine's KV pool in memory, in GiB (vllm and torch "
+        "engines; default: the engine's)."),
     isolation: str = typer.Option(
         "session", help="Who shares cached KV: session (nothing shared; the default), "
         "public-prefix (sessions share the system prompt's blocks, never history; torch "
@@ -271,6 +277,7 @@ def serve(
 
     _check_engine(engine)
     _check_engine_options(engine, upstream, kv_tier)
+    sizes = _check_kv_sizes(engine, kv_tier, kv_cache_gib, kv_tier_gib)
     url = _check_database(database, writable=True)
     keys = tuple(api_key or [k.strip() for k in os.environ.get("SUFFIXMEM_API_KEY", "").split(",")
                              if k.strip()])
@@ -283,7 +290,8 @@ def serve(
     _check_port(host, port)  # after every option: a taken port must not hide a bad option
     run_server(host, port, engine=engine, model=model, database_url=url, config=config,
                max_model_len=max_model_len, upstream=upstream, manager_config=manager_config,
-               kv_tier=kv_tier, isolation=scope, on_ready=lambda: err_console.print(
+               kv_tier=kv_tier, isolation=scope, engine_options=sizes,
+               on_ready=lambda: err_console.print(
                    f"suffixmem: serving on http://{host}:{port} "
                    f"({'API key required' if keys else 'no API key'})"))
 

@@ -71,6 +71,24 @@ def _check_database(url: str | None, *, writable: bool = False) -> str:
     return url
 
 
+def _check_kv_sizes(engine: str, kv_tier: bool, cache_gib: float | None,
+                    tier_gib: float | None) -> dict[str, float]:
+    """``--kv-cache-gib`` and ``--kv-tier-gib`` as engine options (positive; the tier's with
+    ``--kv-tier``; neither with ``--engine remote``, whose servers size their own caches)."""
+    sizes = {k: v for k, v in (("kv_cache_gib", cache_gib), ("kv_tier_gib", tier_gib))
+             if v is not None}
+    for key, value in sizes.items():
+        flag = "--" + key.replace("_", "-")
+        if engine == "remote":
+            raise ConfigError(f"{flag} needs --engine vllm or torch (vLLM servers size their "
+                              "own caches)")
+        if not value > 0:
+            raise ConfigError(f"{flag} must be > 0, got {value:g}")
+    if "kv_tier_gib" in sizes and not kv_tier:
+        raise ConfigError("--kv-tier-gib needs --kv-tier")
+    return sizes
+
+
 def _check_engine_options(engine: str, upstream: list[str] | None, kv_tier: bool) -> None:
     """The options that depend on the engine: ``--upstream`` with ``remote`` only (and
     needed there), ``--kv-tier`` with an embedded engine only."""

@@ -247,6 +247,43 @@ def test_serve_rag_reuse_option_reaches_the_manager_config(
     assert done.value.code == 2 and len(seen) == len(flags)
 
 
+def test_serve_sizes_the_kv_pool_and_tier(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve --kv-cache-gib/--kv-tier-gib`` reach the engine's options (an operator could
+    not size either: the tier was 4 GiB for good); bad sizes are one line before anything
+    starts."""
+    import socket
+
+    import suffixmem.engine
+    from suffixmem.cli import main
+
+    class Stop(Exception):
+        pass
+
+    seen: list[dict[str, object]] = []
+
+    def create_engine(name: str, **options: object) -> None:
+        seen.append(options)
+        raise Stop  # the engine's options are all this test needs
+
+    monkeypatch.setattr(suffixmem.engine, "create_engine", create_engine)
+    monkeypatch.setenv("SUFFIXMEM_HOME", str(tmp_path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    with pytest.raises(Stop):
+        main(["serve", "--engine", "torch", "--port", port, "--kv-cache-gib", "0.5",
+              "--kv-tier", "--kv-tier-gib", "2"])
+    assert seen[0]["kv_cache_gib"] == 0.5 and seen[0]["kv_tier_gib"] == 2.0
+    assert seen[0]["kv_tier"] is True
+    for flags, said in ((["--kv-tier-gib", "2"], "--kv-tier-gib needs --kv-tier"),
+                        (["--kv-cache-gib", "0"], "--kv-cache-gib must be > 0"),
+                        (["--engine", "remote", "--upstream", "http://127.0.0.1:9",
+                          "--kv-cache-gib", "1"], "--kv-cache-gib needs --engine vllm")):
+        _one_line_error(_run(["serve", "--port", port, *flags], tmp_path / "x"), said)
+    assert len(seen) == 1
+
+
 @pytest.mark.slow
 def test_ask_json_then_continue_the_session(tmp_path: Path) -> None:
     db = tmp_path / "db.sqlite"

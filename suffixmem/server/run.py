@@ -8,6 +8,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from suffixmem.conversation.manager_config import ManagerConfig
 from suffixmem.server.serving import ServerConfig
@@ -21,10 +22,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
           log_level: str = "info", upstream: list[str] | None = None,
           manager_config: ManagerConfig | None = None, kv_tier: bool = False,
           isolation: dict[str, str] | None = None,
+          engine_options: dict[str, Any] | None = None,
           on_ready: Callable[[], None] | None = None) -> None:
     """Start the engine and manager (``manager_config``: its settings, e.g. ``durability``;
     ``kv_tier``: the engine's disk tier, docs/kv-tier.md; ``isolation``: its ``isolation`` and
-    ``tenant`` options, docs/segment-reuse.md), then serve until interrupted (Ctrl-C
+    ``tenant`` options, docs/segment-reuse.md; ``engine_options``: more of the engine's options,
+    e.g. ``kv_cache_gib``), then serve until interrupted (Ctrl-C
     or SIGTERM); both are closed on exit. ``on_ready`` runs once both started, before uvicorn
     binds (the command line's "serving on" line: printed earlier, it stood above an engine
     that then failed to start).
@@ -44,6 +47,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engine: str = "vllm",
     if model is not None:
         options["model"] = model
     options.update(isolation or {})
+    options.update(engine_options or {})
     if engine == "remote":
         options.update(urls=list(upstream or ()), database_url=database_url)
     eng = create_engine(engine, **options)
