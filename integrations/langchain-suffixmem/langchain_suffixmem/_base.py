@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field
 
 from suffixmem import runtime
 from suffixmem.chat_template import ChatTemplate
-from suffixmem.config import DEFAULT_MODEL
+from suffixmem.config import DEFAULT_MODEL, mask_url
 from suffixmem.conversation.manager import ConversationManager, ManagerConfig
 from suffixmem.conversation.validation import check_settings, one_line_settings
 from suffixmem.engine import check_engine
@@ -188,10 +188,13 @@ class SuffixMemParams(BaseModel):
         ``_identifying_params``, and two instances that differ in one of these must not share
         an entry (as two differently set ``ChatOpenAI`` do not)."""
         engine = self.engine if isinstance(self.engine, str) else str(self.engine.name)
-        fields = ("model", "engine_options", "database_url", "session_id", "temperature",
-                  "max_tokens", "top_p", "top_k", "seed", "stop", "frequency_penalty",
-                  "presence_penalty", "show_schema")
-        return {"engine": engine, "manager_config": repr(self.manager_config),
+        fields = ("model", "engine_options", "session_id", "temperature", "max_tokens",
+                  "top_p", "top_k", "seed", "stop", "frequency_penalty", "presence_penalty",
+                  "show_schema")
+        # the parameters also go to tracing (LangSmith's invocation params): no password
+        database = mask_url(self.database_url) if self.database_url else None
+        return {"engine": engine, "database_url": database,
+                "manager_config": repr(self.manager_config),
                 **{f: getattr(self, f) for f in fields}}
 
     def _template(self) -> ChatTemplate:

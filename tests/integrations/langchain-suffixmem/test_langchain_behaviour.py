@@ -377,6 +377,8 @@ def test_the_response_cache_keys_on_the_instances_settings(chat: SuffixMemChatMo
         first = long.invoke("Count from 1 to 20.")
         assert long.invoke("Count from 1 to 20.").content == first.content  # a cache hit
         assert short.invoke("Count from 1 to 20.").usage_metadata["output_tokens"] <= 2
+        secret = SuffixMemChatModel(database_url="postgresql+psycopg://u:hunter2@db/x")
+        assert "hunter2" not in str(secret._identifying_params)  # they reach tracing too
         own = chat.model_copy(update={"max_tokens": 8, "session_id": "cache-own"})
         own.invoke("Count from 1 to 20.")
         assert [m.role for m in own.get_manager().history("cache-own")] == ["user", "assistant"]
