@@ -140,8 +140,18 @@ class ChatService:
         probe = getattr(self.manager.engine, "unavailable", None)
         reason = probe() if probe is not None else None
         health = {"status": "unavailable" if reason else "ok", "model": self.model_name,
-                  "pending": self.pending, "max_pending": self.config.max_pending}
+                  "pending": self.pending, "max_pending": self.config.max_pending,
+                  "kv": self._kv_use()}
         return health | ({"reason": reason} if reason else {})
+
+    def _kv_use(self) -> dict[str, Any]:
+        """The KV pool's and the disk tier's use, for an operator sizing them
+        (``--kv-cache-gib``, ``--kv-tier-gib``); aggregate figures only, no session's."""
+        stats = self.manager.engine.stats()
+        tier = {k: stats.extra[k] for k in ("tier_bytes", "tier_files", "tier_evictions",
+                                            "tier_hit_rate") if k in stats.extra}
+        return {"used_bytes": stats.kv_used_bytes, "capacity_bytes": stats.kv_capacity_bytes,
+                "hit_rate": round(stats.hit_rate, 4), **tier}
 
     # -- sessions -------------------------------------------------------------------------------
     @staticmethod

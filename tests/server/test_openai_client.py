@@ -29,6 +29,10 @@ def test_models_and_health(server: Server) -> None:
     assert [m.id for m in models.data] == [server.model]
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["model"] == server.model
+    # the pool's use, for an operator sizing it (no key needed: aggregate figures only)
+    kv = health["kv"]
+    assert 0 <= kv["used_bytes"] <= kv["capacity_bytes"] and kv["capacity_bytes"] > 0
+    assert 0 <= kv["hit_rate"] <= 1
 
 
 def test_sync_full_history_cached_tokens_rise(server: Server) -> None:
