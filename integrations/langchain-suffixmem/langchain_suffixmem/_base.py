@@ -109,7 +109,10 @@ class SuffixMemParams(BaseModel):
     @field_serializer("engine", when_used="json")
     def _engine_json(self, engine: Any) -> str:
         # an engine instance stays itself in ``model_dump()`` (a copy shares it); JSON names it
-        return engine if isinstance(engine, str) else str(engine.name)
+        return self._engine_name()
+
+    def _engine_name(self) -> str:
+        return self.engine if isinstance(self.engine, str) else str(self.engine.name)
 
     def __init__(self, **data: Any) -> None:
         # LangChain's standard chat-model settings (``langchain_tests``' params, ChatOpenAI's):
@@ -130,8 +133,7 @@ class SuffixMemParams(BaseModel):
             check_engine(self.engine, self.engine_options, model=self.model)
         else:
             self.model = self.engine.model_name
-        if self.timeout is not None and self.timeout <= 0:
-            raise InvalidRequestError(f"timeout must be > 0 seconds, got {self.timeout}")
+        self.call_timeout({})  # the instance's timeout, checked as a call's
         # the instance's sampling values, checked now (the engine's own checks) rather than
         # at the first call
         SamplingParams(**self._call_args(None, {})[1])
@@ -187,13 +189,12 @@ class SuffixMemParams(BaseModel):
         """Every instance field that changes a reply: LangChain's response cache keys on
         ``_identifying_params``, and two instances that differ in one of these must not share
         an entry (as two differently set ``ChatOpenAI`` do not)."""
-        engine = self.engine if isinstance(self.engine, str) else str(self.engine.name)
         fields = ("model", "engine_options", "session_id", "temperature", "max_tokens",
                   "top_p", "top_k", "seed", "stop", "frequency_penalty", "presence_penalty",
                   "show_schema")
         # the parameters also go to tracing (LangSmith's invocation params): no password
         database = mask_url(self.database_url) if self.database_url else None
-        return {"engine": engine, "database_url": database,
+        return {"engine": self._engine_name(), "database_url": database,
                 "manager_config": repr(self.manager_config),
                 **{f: getattr(self, f) for f in fields}}
 

@@ -136,9 +136,6 @@ class SuffixMemChatModel(SessionConfigMixin, SuffixMemParams, BaseChatModel):
             return 0
         return len(self._template().render(readable(to_suffixmem(messages)), False))
 
-    def _engine_name(self) -> str:
-        return self.engine if isinstance(self.engine, str) else str(self.engine.name)
-
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "suffixmem"
